@@ -1,0 +1,158 @@
+/* cfbn kernel interface: the table of kernels every ISA file exports, and
+ * the driver entry points the Cython layer calls.
+ *
+ * Two shapes of data cover every layout:
+ *   - a "run": n contiguous elements of one channel (NCHW, NCDHW: one (n, c)
+ *     plane, or part of it).  Per-channel parameters are single values.
+ *   - "rows": rows x w elements, row-major, where column j belongs to channel
+ *     j % C (NHWC, NDHWC, NC).  The driver may widen w to a multiple of C so
+ *     that SIMD lanes always see whole vectors; parameters are arrays of w.
+ *
+ * Every kernel writes its outputs (it never accumulates into them), so a
+ * piece of work is a pure function of its inputs: the driver splits a tensor
+ * into pieces that depend only on the shape, never on the thread count, and
+ * combines piece results in a fixed order.  That is what makes results
+ * bit-identical for any number of threads.
+ *
+ * Numerics shared by all kernels:
+ *   - statistics are sums of (x - shift) and (x - shift)^2 accumulated in
+ *     double, with shift a sample of the channel, so a large mean relative to
+ *     the spread does not cancel catastrophically;
+ *   - x - mean is formed as (x - mhi) - mlo, where mhi + mlo is the mean
+ *     split into two numbers of the compute type: x - mhi is exact whenever x
+ *     is near the mean (Sterbenz), so normalization keeps full precision even
+ *     when |mean| >> std.
+ * Half precision tensors are stored as IEEE binary16 in uint16_t and computed
+ * in float; their per-channel parameters are float.
+ */
+#ifndef CFBN_H
+#define CFBN_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum cfbn_dtype { CFBN_F32 = 0, CFBN_F64 = 1, CFBN_F16 = 2 };
+enum cfbn_layout { CFBN_CHANNELS_LAST = 0, CFBN_CHANNELS_FIRST = 1 };
+enum cfbn_isa { CFBN_ISA_SCALAR = 0, CFBN_ISA_AVX2 = 1, CFBN_ISA_NEON = 2, CFBN_ISA_COUNT = 3 };
+
+/* Per-channel (or per-column) parameters of the normalization pass:
+ *   y = ((x - mhi) - mlo) * alpha + beta
+ * Room is kept here for later fields (a fused activation, a side input);
+ * kernels read only what they know. */
+typedef struct {
+    const float *mhi, *mlo, *alpha, *beta;
+} cfbn_apply_f32;
+typedef struct {
+    const double *mhi, *mlo, *alpha, *beta;
+} cfbn_apply_f64;
+
+/* Parameters of the gradient passes:
+ *   gstats: sum(dy), sum(dy * ((x - mhi) - mlo))        (a, b, c unused)
+ *   gapply: dx = dy * a + (((x - mhi) - mlo) * b + c)   */
+typedef struct {
+    const float *mhi, *mlo, *a, *b, *c;
+} cfbn_grad_f32;
+typedef struct {
+    const double *mhi, *mlo, *a, *b, *c;
+} cfbn_grad_f64;
+
+/* One ISA's kernels.  Contracts (n, rows, w >= 0; "acc" outputs are double):
+ *   stats_run   acc[0] = sum(x - shift), acc[1] = sum((x - shift)^2)
+ *   stats_rows  acc[j] = sum_r(x[r][j] - shift[j]), acc[w + j] = sum_r(...^2)
+ *   apply_run   y[i] = ((x[i] - mhi[0]) - mlo[0]) * alpha[0] + beta[0]
+ *   apply_rows  y[r][j] = ((x[r][j] - mhi[j]) - mlo[j]) * alpha[j] + beta[j]
+ *   gstats_run  acc[0] = sum(dy), acc[1] = sum(dy * ((x - mhi[0]) - mlo[0]))
+ *   gstats_rows acc[j], acc[w + j]: the same per column
+ *   gapply_run  dx[i] = dy[i] * a[0] + (((x[i] - mhi[0]) - mlo[0]) * b[0] + c[0])
+ *   gapply_rows the same per column
+ * Differences x - mhi - mlo are formed in the compute type (float for f32 and
+ * f16, double for f64); products for sums are formed and summed in double. */
+typedef struct cfbn_kernels {
+    const char *name;
+
+    void (*stats_run_f32)(const float *x, int64_t n, double shift, double *acc);
+    void (*stats_rows_f32)(const float *x, int64_t rows, int64_t w, const double *shift, double *acc);
+    void (*apply_run_f32)(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p);
+    void (*apply_rows_f32)(const float *x, float *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p);
+    void (*gstats_run_f32)(const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc);
+    void (*gstats_rows_f32)(const float *dy, const float *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc);
+    void (*gapply_run_f32)(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p);
+    void (*gapply_rows_f32)(const float *dy, const float *x, float *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p);
+
+    void (*stats_run_f64)(const double *x, int64_t n, double shift, double *acc);
+    void (*stats_rows_f64)(const double *x, int64_t rows, int64_t w, const double *shift, double *acc);
+    void (*apply_run_f64)(const double *x, double *y, int64_t n, const cfbn_apply_f64 *p);
+    void (*apply_rows_f64)(const double *x, double *y, int64_t rows, int64_t w, const cfbn_apply_f64 *p);
+    void (*gstats_run_f64)(const double *dy, const double *x, int64_t n, const cfbn_grad_f64 *p, double *acc);
+    void (*gstats_rows_f64)(const double *dy, const double *x, int64_t rows, int64_t w, const cfbn_grad_f64 *p, double *acc);
+    void (*gapply_run_f64)(const double *dy, const double *x, double *dx, int64_t n, const cfbn_grad_f64 *p);
+    void (*gapply_rows_f64)(const double *dy, const double *x, double *dx, int64_t rows, int64_t w, const cfbn_grad_f64 *p);
+
+    void (*stats_run_f16)(const uint16_t *x, int64_t n, double shift, double *acc);
+    void (*stats_rows_f16)(const uint16_t *x, int64_t rows, int64_t w, const double *shift, double *acc);
+    void (*apply_run_f16)(const uint16_t *x, uint16_t *y, int64_t n, const cfbn_apply_f32 *p);
+    void (*apply_rows_f16)(const uint16_t *x, uint16_t *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p);
+    void (*gstats_run_f16)(const uint16_t *dy, const uint16_t *x, int64_t n, const cfbn_grad_f32 *p, double *acc);
+    void (*gstats_rows_f16)(const uint16_t *dy, const uint16_t *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc);
+    void (*gapply_run_f16)(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t n, const cfbn_grad_f32 *p);
+    void (*gapply_rows_f16)(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p);
+} cfbn_kernels;
+
+/* The tables.  Each exists only where its ISA file is compiled in. */
+extern const cfbn_kernels cfbn_kernels_scalar;
+#if defined(CFBN_HAVE_AVX2)
+extern const cfbn_kernels cfbn_kernels_avx2;
+#endif
+#if defined(CFBN_HAVE_NEON)
+extern const cfbn_kernels cfbn_kernels_neon;
+#endif
+
+/* dispatch.c */
+const char *cfbn_isa_name(int isa);
+int cfbn_isa_compiled(int isa);          /* the table is in this build */
+int cfbn_isa_supported(int isa);         /* compiled and this CPU/OS can run it */
+int cfbn_isa_best(void);                 /* the best supported ISA */
+const cfbn_kernels *cfbn_isa_table(int isa);  /* NULL unless supported */
+
+/* bn_driver.c: a tensor seen as outer x channels x inner.
+ * channels-last: outer = number of rows (N*H*W), inner = 1.
+ * channels-first: outer = N, inner = spatial size. */
+typedef struct {
+    int dtype;            /* enum cfbn_dtype of x, y, dy, dx */
+    int layout;           /* enum cfbn_layout */
+    int64_t outer, channels, inner;
+    int n_threads;        /* >= 1 */
+} cfbn_shape;
+
+/* Per-channel vectors are float for f32 and f16 tensors, double for f64.
+ * Return 0, or -1 when scratch memory could not be allocated. */
+int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
+                          const void *x, const void *scale, const void *offset,
+                          const void *mean, const void *variance,   /* may be NULL when factor == 1 */
+                          double epsilon, double factor,
+                          void *y, void *batch_mean, void *batch_variance,
+                          void *saved_mean, void *saved_variance);
+
+/* Inference also copies mean and variance to the four per-channel outputs
+ * (any of which may be NULL), so that a gradient can take them straight back. */
+int cfbn_forward_inference(const cfbn_kernels *k, const cfbn_shape *s,
+                           const void *x, const void *scale, const void *offset,
+                           const void *mean, const void *variance, double epsilon,
+                           void *y, void *batch_mean, void *batch_variance,
+                           void *saved_mean, void *saved_variance);
+
+int cfbn_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
+                  const void *dy, const void *x, const void *scale,
+                  const void *saved_mean, const void *saved_variance, double epsilon,
+                  void *dx, void *scale_backprop, void *offset_backprop);
+
+int cfbn_openmp_enabled(void);
+int cfbn_openmp_max_threads(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
