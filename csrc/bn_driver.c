@@ -1,0 +1,693 @@
+/* Layouts, work splitting, OpenMP and per-channel parameters.  Baseline
+ * flags only: this file calls whichever kernel table dispatch chose.
+ *
+ * Determinism: every reduction is split into pieces whose boundaries depend
+ * only on the shape, each piece is reduced by one kernel call, and piece
+ * results are combined serially in a fixed order.  The thread count decides
+ * only who computes a piece, never what it contains.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cfbn.h"
+#include "half.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Below this many elements a parallel region costs more than it saves. */
+#define SERIAL_ELEMS 32768
+/* Target elements per piece of a channels-last reduction. */
+#define ROWS_PIECE_ELEMS 16384
+/* Channels-first: aim for at least this many (channel, piece) tasks ... */
+#define FIRST_MIN_TASKS 32
+/* ... but never pieces smaller than this. */
+#define FIRST_MIN_PIECE 4096
+/* Widest row the channels-last kernels are handed when C is widened. */
+#define MAX_TILED_WIDTH 1024
+/* Bound on the per-piece partial sums kept for channels-last reductions. */
+#define MAX_PARTIAL_DOUBLES (1 << 19)
+
+static size_t elem_size(int dtype)
+{
+    return dtype == CFBN_F64 ? 8 : dtype == CFBN_F16 ? 2 : 4;
+}
+
+static double elem_get(const void *p, int dtype, int64_t i)
+{
+    switch (dtype) {
+    case CFBN_F64: return ((const double *)p)[i];
+    case CFBN_F16: return (double)cfbn_half_to_float(((const uint16_t *)p)[i]);
+    default: return (double)((const float *)p)[i];
+    }
+}
+
+/* Per-channel vectors are double for f64 tensors and float otherwise. */
+static double vec_get(const void *v, int dtype, int64_t c)
+{
+    return dtype == CFBN_F64 ? ((const double *)v)[c] : (double)((const float *)v)[c];
+}
+
+static void vec_set(void *v, int dtype, int64_t c, double value)
+{
+    if (!v) return;
+    if (dtype == CFBN_F64) ((double *)v)[c] = value;
+    else ((float *)v)[c] = (float)value;
+}
+
+static int thread_count(const cfbn_shape *s)
+{
+    int64_t total = s->outer * s->channels * s->inner;
+    return total < SERIAL_ELEMS ? 1 : s->n_threads;
+}
+
+/* ---- work plan ---- */
+
+typedef struct {
+    int dtype, layout;
+    int64_t C, n;            /* channels, elements per channel */
+    /* channels-first */
+    int64_t N, S, G;         /* G pieces per channel */
+    /* channels-last */
+    int64_t W;               /* row width handed to the kernels, a multiple of C */
+    int64_t rows;            /* full rows of W */
+    int64_t tail;            /* elements after the full rows (a multiple of C) */
+    int64_t piece_rows, pieces;
+} plan;
+
+static int64_t gcd64(int64_t a, int64_t b)
+{
+    while (b) { int64_t t = a % b; a = b; b = t; }
+    return a;
+}
+
+static void make_plan(const cfbn_shape *s, plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->dtype = s->dtype;
+    p->layout = s->layout;
+    p->C = s->channels;
+    p->n = s->outer * s->inner;
+    if (s->layout == CFBN_CHANNELS_FIRST) {
+        p->N = s->outer;
+        p->S = s->inner;
+        int64_t g = (FIRST_MIN_TASKS + p->C - 1) / (p->C ? p->C : 1);
+        int64_t gmax = p->n / FIRST_MIN_PIECE;
+        if (g > gmax) g = gmax;
+        p->G = g < 1 ? 1 : g;
+        return;
+    }
+    /* Channels-last: widen the row to a multiple of 8 lanes where that stays
+     * small, so SIMD kernels see whole vectors and no per-row tail. */
+    int64_t C = p->C ? p->C : 1;
+    int64_t W = C / gcd64(C, 8) * 8;
+    if (W > MAX_TILED_WIDTH) W = C;
+    if (W < 64) W *= (64 + W - 1) / W;
+    int64_t total = s->outer * p->C;
+    p->W = W;
+    p->rows = total / W;
+    p->tail = total - p->rows * W;
+    int64_t pr = (ROWS_PIECE_ELEMS + W - 1) / W;
+    int64_t max_pieces = MAX_PARTIAL_DOUBLES / (2 * W);
+    if (max_pieces < 1) max_pieces = 1;
+    if (max_pieces > 256) max_pieces = 256;
+    if (p->rows > pr * max_pieces) pr = (p->rows + max_pieces - 1) / max_pieces;
+    p->piece_rows = pr;
+    p->pieces = (p->rows + pr - 1) / pr;
+}
+
+/* Channels-first: the piece g of channel c covers the channel's elements
+ * [lo, hi) in (n, s) order. */
+static void piece_bounds(const plan *p, int64_t g, int64_t *lo, int64_t *hi)
+{
+    *lo = p->n * g / p->G;
+    *hi = p->n * (g + 1) / p->G;
+}
+
+/* ---- kernel calls by dtype ---- */
+
+/* Per-channel parameters in the compute type (float for f32 and f16, double
+ * for f64), stored as k arrays of length len each. */
+typedef struct {
+    int dtype;
+    int64_t len;
+    float *f;
+    double *d;
+} params;
+
+static int params_init(params *pp, int dtype, int64_t len, int k)
+{
+    pp->dtype = dtype;
+    pp->len = len;
+    pp->f = NULL;
+    pp->d = NULL;
+    size_t count = (size_t)(len > 0 ? len : 1) * (size_t)k;
+    if (dtype == CFBN_F64) pp->d = malloc(count * sizeof(double));
+    else pp->f = malloc(count * sizeof(float));
+    return (pp->f || pp->d) ? 0 : -1;
+}
+
+static void params_free(params *pp)
+{
+    free(pp->f);
+    free(pp->d);
+}
+
+static void params_set(params *pp, int which, int64_t i, double value)
+{
+    if (pp->d) pp->d[which * pp->len + i] = value;
+    else pp->f[which * pp->len + i] = (float)value;
+}
+
+/* The mean as two numbers of the compute type whose sum is the mean to
+ * twice the compute precision: x - hi is then exact near the mean. */
+static void params_set_mean(params *pp, int hi, int lo, int64_t i, double mean)
+{
+    if (pp->d) {
+        pp->d[hi * pp->len + i] = mean;
+        pp->d[lo * pp->len + i] = 0.0;
+    } else {
+        float h = (float)mean;
+        pp->f[hi * pp->len + i] = h;
+        pp->f[lo * pp->len + i] = (float)(mean - (double)h);
+    }
+}
+
+enum { P_MHI, P_MLO, P_ALPHA, P_BETA, P_APPLY_COUNT };
+enum { G_MHI, G_MLO, G_A, G_B, G_C, G_COUNT };
+
+static void call_stats_run(const cfbn_kernels *k, int dt, const void *x, int64_t n, double shift, double *acc)
+{
+    if (dt == CFBN_F64) k->stats_run_f64(x, n, shift, acc);
+    else if (dt == CFBN_F16) k->stats_run_f16(x, n, shift, acc);
+    else k->stats_run_f32(x, n, shift, acc);
+}
+
+static void call_stats_rows(const cfbn_kernels *k, int dt, const void *x, int64_t rows, int64_t w,
+                            const double *shift, double *acc)
+{
+    if (dt == CFBN_F64) k->stats_rows_f64(x, rows, w, shift, acc);
+    else if (dt == CFBN_F16) k->stats_rows_f16(x, rows, w, shift, acc);
+    else k->stats_rows_f32(x, rows, w, shift, acc);
+}
+
+/* apply over a run (at = channel index) or over rows (at = 0, arrays of w). */
+static void call_apply(const cfbn_kernels *k, const params *pp, int64_t at, const void *x, void *y,
+                       int64_t rows, int64_t w, int is_run)
+{
+    int64_t L = pp->len;
+    if (pp->d) {
+        const double *d = pp->d + at;
+        cfbn_apply_f64 a = { d + P_MHI * L, d + P_MLO * L, d + P_ALPHA * L, d + P_BETA * L };
+        if (is_run) k->apply_run_f64(x, y, rows, &a);
+        else k->apply_rows_f64(x, y, rows, w, &a);
+    } else {
+        const float *f = pp->f + at;
+        cfbn_apply_f32 a = { f + P_MHI * L, f + P_MLO * L, f + P_ALPHA * L, f + P_BETA * L };
+        if (pp->dtype == CFBN_F16) {
+            if (is_run) k->apply_run_f16(x, y, rows, &a);
+            else k->apply_rows_f16(x, y, rows, w, &a);
+        } else {
+            if (is_run) k->apply_run_f32(x, y, rows, &a);
+            else k->apply_rows_f32(x, y, rows, w, &a);
+        }
+    }
+}
+
+static void call_gstats(const cfbn_kernels *k, const params *pp, int64_t at, const void *dy, const void *x,
+                        int64_t rows, int64_t w, int is_run, double *acc)
+{
+    int64_t L = pp->len;
+    if (pp->d) {
+        const double *d = pp->d + at;
+        cfbn_grad_f64 g = { d + G_MHI * L, d + G_MLO * L, d + G_A * L, d + G_B * L, d + G_C * L };
+        if (is_run) k->gstats_run_f64(dy, x, rows, &g, acc);
+        else k->gstats_rows_f64(dy, x, rows, w, &g, acc);
+    } else {
+        const float *f = pp->f + at;
+        cfbn_grad_f32 g = { f + G_MHI * L, f + G_MLO * L, f + G_A * L, f + G_B * L, f + G_C * L };
+        if (pp->dtype == CFBN_F16) {
+            if (is_run) k->gstats_run_f16(dy, x, rows, &g, acc);
+            else k->gstats_rows_f16(dy, x, rows, w, &g, acc);
+        } else {
+            if (is_run) k->gstats_run_f32(dy, x, rows, &g, acc);
+            else k->gstats_rows_f32(dy, x, rows, w, &g, acc);
+        }
+    }
+}
+
+static void call_gapply(const cfbn_kernels *k, const params *pp, int64_t at, const void *dy, const void *x,
+                        void *dx, int64_t rows, int64_t w, int is_run)
+{
+    int64_t L = pp->len;
+    if (pp->d) {
+        const double *d = pp->d + at;
+        cfbn_grad_f64 g = { d + G_MHI * L, d + G_MLO * L, d + G_A * L, d + G_B * L, d + G_C * L };
+        if (is_run) k->gapply_run_f64(dy, x, dx, rows, &g);
+        else k->gapply_rows_f64(dy, x, dx, rows, w, &g);
+    } else {
+        const float *f = pp->f + at;
+        cfbn_grad_f32 g = { f + G_MHI * L, f + G_MLO * L, f + G_A * L, f + G_B * L, f + G_C * L };
+        if (pp->dtype == CFBN_F16) {
+            if (is_run) k->gapply_run_f16(dy, x, dx, rows, &g);
+            else k->gapply_rows_f16(dy, x, dx, rows, w, &g);
+        } else {
+            if (is_run) k->gapply_run_f32(dy, x, dx, rows, &g);
+            else k->gapply_rows_f32(dy, x, dx, rows, w, &g);
+        }
+    }
+}
+
+/* ---- passes over the tensor ---- */
+
+/* What a pass does with one contiguous stretch of data. */
+enum pass_kind { PASS_STATS, PASS_APPLY, PASS_GSTATS, PASS_GAPPLY };
+
+typedef struct {
+    const cfbn_kernels *k;
+    const plan *p;
+    const params *pp;
+    int kind;
+    const void *a;      /* x (stats, apply) or dy (gradient passes) */
+    const void *b;      /* x for gradient passes */
+    void *out;          /* y or dx */
+} pass;
+
+static const void *at_elem(const void *base, int dtype, int64_t i)
+{
+    return base ? (const char *)base + (size_t)i * elem_size(dtype) : NULL;
+}
+
+/* Channels-first: run the pass over piece g of channel c.  For reductions,
+ * the sub-run sums are added in order into acc[0..2). */
+static void first_piece(const pass *ps, const double *shift, int64_t c, int64_t g, double *acc)
+{
+    const plan *p = ps->p;
+    int dt = p->dtype;
+    int64_t lo, hi;
+    piece_bounds(p, g, &lo, &hi);
+    acc[0] = acc[1] = 0.0;
+    for (int64_t pos = lo; pos < hi;) {
+        int64_t n = pos / p->S, i = pos - n * p->S;
+        int64_t len = p->S - i < hi - pos ? p->S - i : hi - pos;
+        int64_t off = (n * p->C + c) * p->S + i;
+        double part[2];
+        switch (ps->kind) {
+        case PASS_STATS:
+            call_stats_run(ps->k, dt, at_elem(ps->a, dt, off), len, shift[c], part);
+            acc[0] += part[0];
+            acc[1] += part[1];
+            break;
+        case PASS_APPLY:
+            call_apply(ps->k, ps->pp, c, at_elem(ps->a, dt, off), (void *)at_elem(ps->out, dt, off), len, 1, 1);
+            break;
+        case PASS_GSTATS:
+            call_gstats(ps->k, ps->pp, c, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off), len, 1, 1, part);
+            acc[0] += part[0];
+            acc[1] += part[1];
+            break;
+        case PASS_GAPPLY:
+            call_gapply(ps->k, ps->pp, c, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off),
+                        (void *)at_elem(ps->out, dt, off), len, 1, 1);
+            break;
+        }
+        pos += len;
+    }
+}
+
+/* Channels-last: run the pass over piece q (q == pieces is the tail).
+ * Reductions write 2*w sums to acc. */
+static void last_piece(const pass *ps, const double *shift, int64_t q, double *acc)
+{
+    const plan *p = ps->p;
+    int dt = p->dtype;
+    int64_t r0, nrows, w = p->W;
+    if (q == p->pieces) {
+        r0 = p->rows;
+        nrows = 1;
+        w = p->tail;
+    } else {
+        r0 = q * p->piece_rows;
+        nrows = p->rows - r0 < p->piece_rows ? p->rows - r0 : p->piece_rows;
+    }
+    int64_t off = r0 * p->W;
+    switch (ps->kind) {
+    case PASS_STATS:
+        call_stats_rows(ps->k, dt, at_elem(ps->a, dt, off), nrows, w, shift, acc);
+        break;
+    case PASS_APPLY:
+        call_apply(ps->k, ps->pp, 0, at_elem(ps->a, dt, off), (void *)at_elem(ps->out, dt, off), nrows, w, 0);
+        break;
+    case PASS_GSTATS:
+        call_gstats(ps->k, ps->pp, 0, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off), nrows, w, 0, acc);
+        break;
+    case PASS_GAPPLY:
+        call_gapply(ps->k, ps->pp, 0, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off),
+                    (void *)at_elem(ps->out, dt, off), nrows, w, 0);
+        break;
+    }
+}
+
+static int is_reduction(int kind)
+{
+    return kind == PASS_STATS || kind == PASS_GSTATS;
+}
+
+/* Run one pass over the whole tensor.  For reductions, sums[2*c] and
+ * sums[2*c+1] receive the channel's two sums.  Returns -1 on allocation
+ * failure. */
+static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
+{
+    const plan *p = ps->p;
+    int64_t C = p->C;
+    int red = is_reduction(ps->kind);
+    (void)nt;
+    if (p->layout == CFBN_CHANNELS_FIRST) {
+        /* channels-first: tasks are (channel, piece) */
+        int64_t tasks = C * p->G;
+        double *part = NULL;
+        if (red) {
+            part = malloc((size_t)(tasks > 0 ? tasks : 1) * 2 * sizeof(double));
+            if (!part) return -1;
+        }
+        double dummy[2];
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#endif
+        for (int64_t t = 0; t < tasks; t++) {
+            first_piece(ps, shift, t / p->G, t % p->G, red ? part + 2 * t : dummy);
+        }
+        if (red) {
+            for (int64_t c = 0; c < C; c++) {
+                double s1 = 0.0, s2 = 0.0;
+                for (int64_t g = 0; g < p->G; g++) {
+                    s1 += part[2 * (c * p->G + g)];
+                    s2 += part[2 * (c * p->G + g) + 1];
+                }
+                sums[2 * c] = s1;
+                sums[2 * c + 1] = s2;
+            }
+            free(part);
+        }
+        return 0;
+    }
+    /* channels-last: tasks are row pieces, plus the tail */
+    int64_t tasks = p->pieces + (p->tail > 0);
+    int64_t W = p->W;
+    double *part = NULL;
+    if (red) {
+        part = malloc((size_t)(tasks > 0 ? tasks : 1) * 2 * (size_t)W * sizeof(double));
+        if (!part) return -1;
+    }
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#endif
+    for (int64_t q = 0; q < tasks; q++) {
+        last_piece(ps, shift, q, red ? part + 2 * W * q : NULL);
+    }
+    if (red) {
+        for (int64_t c = 0; c < C; c++) sums[2 * c] = sums[2 * c + 1] = 0.0;
+        for (int64_t q = 0; q < tasks; q++) {
+            int64_t w = q == p->pieces ? p->tail : W;
+            const double *a = part + 2 * W * q;
+            for (int64_t j = 0; j < w; j++) {
+                sums[2 * (j % C)] += a[j];
+                sums[2 * (j % C) + 1] += a[w + j];
+            }
+        }
+        free(part);
+    }
+    return 0;
+}
+
+/* Channels-last parameters are laid out per column of the widened row. */
+static void tile_params(params *pp, int count, int64_t C)
+{
+    if (C == 0) return;
+    for (int k = 0; k < count; k++) {
+        for (int64_t j = C; j < pp->len; j++) {
+            if (pp->d) pp->d[k * pp->len + j] = pp->d[k * pp->len + j % C];
+            else pp->f[k * pp->len + j] = pp->f[k * pp->len + j % C];
+        }
+    }
+}
+
+static int64_t param_len(const plan *p, int layout)
+{
+    return layout == CFBN_CHANNELS_FIRST ? p->C : (p->W > p->C ? p->W : p->C);
+}
+
+/* The shift for channel c's statistics: its first element. */
+static double *make_shift(const plan *p, const cfbn_shape *s, const void *x)
+{
+    int64_t len = param_len(p, s->layout);
+    double *shift = malloc((size_t)(len > 0 ? len : 1) * sizeof(double));
+    if (!shift) return NULL;
+    for (int64_t j = 0; j < len; j++) {
+        int64_t c = p->C ? j % p->C : 0;
+        if (p->n == 0) shift[j] = 0.0;
+        else if (s->layout == CFBN_CHANNELS_FIRST) shift[j] = elem_get(x, p->dtype, c * p->S);
+        else shift[j] = elem_get(x, p->dtype, c);
+    }
+    return shift;
+}
+
+/* ---- forward ---- */
+
+typedef struct {
+    const void *scale, *offset, *mean, *variance;
+    double epsilon, factor;
+    void *batch_mean, *batch_variance, *saved_mean, *saved_variance;
+} fwd_args;
+
+/* Turn a channel's sums into its statistics, outputs and apply parameters. */
+static void forward_channel(const plan *p, const fwd_args *a, params *pp, int64_t c,
+                            double shift, double s1, double s2)
+{
+    int dt = p->dtype;
+    /* Read every input of this channel before writing any output: an output
+     * may be the very array an input came from (a running mean updated in
+     * place). */
+    double gamma = vec_get(a->scale, dt, c), beta = vec_get(a->offset, dt, c);
+    double f = a->factor;
+    double run_mean = f != 1.0 ? vec_get(a->mean, dt, c) : 0.0;
+    double run_var = f != 1.0 ? vec_get(a->variance, dt, c) : 0.0;
+    double n = (double)p->n, mu, var;
+    if (p->n == 0) {
+        mu = var = NAN;
+    } else {
+        mu = shift + s1 / n;
+        double m2 = s2 - s1 * (s1 / n);
+        var = (m2 < 0.0 ? 0.0 : m2) / n;
+    }
+    double unbiased = p->n > 1 ? var * (n / (n - 1.0)) : var;
+    double bm = mu, bv = unbiased;
+    if (f != 1.0) {
+        bm = (1.0 - f) * run_mean + f * mu;
+        bv = (1.0 - f) * run_var + f * unbiased;
+    }
+    vec_set(a->batch_mean, dt, c, bm);
+    vec_set(a->batch_variance, dt, c, bv);
+    vec_set(a->saved_mean, dt, c, mu);
+    vec_set(a->saved_variance, dt, c, var);
+    double r = 1.0 / sqrt(var + a->epsilon);
+    params_set_mean(pp, P_MHI, P_MLO, c, mu);
+    params_set(pp, P_ALPHA, c, gamma * r);
+    params_set(pp, P_BETA, c, beta);
+}
+
+int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
+                          const void *x, const void *scale, const void *offset,
+                          const void *mean, const void *variance,
+                          double epsilon, double factor,
+                          void *y, void *batch_mean, void *batch_variance,
+                          void *saved_mean, void *saved_variance)
+{
+    plan p;
+    make_plan(s, &p);
+    int nt = thread_count(s);
+    fwd_args a = { scale, offset, mean, variance, epsilon, factor,
+                   batch_mean, batch_variance, saved_mean, saved_variance };
+    params pp;
+    if (params_init(&pp, s->dtype, param_len(&p, s->layout), P_APPLY_COUNT) < 0) return -1;
+    double *shift = make_shift(&p, s, x);
+    double *sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
+    int rc = -1;
+    if (!shift || !sums) goto done;
+    pass st = { k, &p, &pp, PASS_STATS, x, NULL, NULL };
+    pass ap = { k, &p, &pp, PASS_APPLY, x, NULL, y };
+
+    if (s->layout == CFBN_CHANNELS_FIRST && p.G == 1) {
+        /* One task per channel: its statistics, then its normalization while
+         * the channel's planes are still in this core's cache. */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#endif
+        for (int64_t c = 0; c < p.C; c++) {
+            double acc[2];
+            first_piece(&st, shift, c, 0, acc);
+            forward_channel(&p, &a, &pp, c, shift[c], acc[0], acc[1]);
+            first_piece(&ap, shift, c, 0, acc);
+        }
+        rc = 0;
+        goto done;
+    }
+    if (run_pass(&st, shift, nt, sums) < 0) goto done;
+    for (int64_t c = 0; c < p.C; c++) forward_channel(&p, &a, &pp, c, shift[c], sums[2 * c], sums[2 * c + 1]);
+    if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, P_APPLY_COUNT, p.C);
+    rc = run_pass(&ap, shift, nt, NULL);
+done:
+    free(shift);
+    free(sums);
+    params_free(&pp);
+    return rc;
+}
+
+int cfbn_forward_inference(const cfbn_kernels *k, const cfbn_shape *s,
+                           const void *x, const void *scale, const void *offset,
+                           const void *mean, const void *variance, double epsilon,
+                           void *y, void *batch_mean, void *batch_variance,
+                           void *saved_mean, void *saved_variance)
+{
+    plan p;
+    make_plan(s, &p);
+    int dt = s->dtype;
+    params pp;
+    if (params_init(&pp, dt, param_len(&p, s->layout), P_APPLY_COUNT) < 0) return -1;
+    for (int64_t c = 0; c < p.C; c++) {
+        double mu = vec_get(mean, dt, c), var = vec_get(variance, dt, c);
+        double gamma = vec_get(scale, dt, c), beta = vec_get(offset, dt, c);
+        double r = 1.0 / sqrt(var + epsilon);
+        params_set_mean(&pp, P_MHI, P_MLO, c, mu);
+        params_set(&pp, P_ALPHA, c, gamma * r);
+        params_set(&pp, P_BETA, c, beta);
+        vec_set(batch_mean, dt, c, mu);
+        vec_set(batch_variance, dt, c, var);
+        vec_set(saved_mean, dt, c, mu);
+        vec_set(saved_variance, dt, c, var);
+    }
+    if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, P_APPLY_COUNT, p.C);
+    pass ap = { k, &p, &pp, PASS_APPLY, x, NULL, y };
+    int rc = run_pass(&ap, NULL, thread_count(s), NULL);
+    params_free(&pp);
+    return rc;
+}
+
+/* ---- gradient ---- */
+
+typedef struct {
+    int training;
+    const void *scale, *saved_mean, *saved_variance;
+    double epsilon;
+    void *scale_backprop, *offset_backprop;
+} bwd_args;
+
+/* Parameters of the gradient's reduction pass: the saved mean. */
+static void backward_mean(const plan *p, const bwd_args *a, params *pp, int64_t c)
+{
+    params_set_mean(pp, G_MHI, G_MLO, c, vec_get(a->saved_mean, p->dtype, c));
+}
+
+/* Turn a channel's gradient sums into its outputs and apply parameters. */
+static void backward_channel(const plan *p, const bwd_args *a, params *pp, int64_t c,
+                             double sum_dy, double sum_dy_xc)
+{
+    int dt = p->dtype;
+    double r = 1.0 / sqrt(vec_get(a->saved_variance, dt, c) + a->epsilon);
+    double gamma = vec_get(a->scale, dt, c);
+    double scale_bp = sum_dy_xc * r;
+    vec_set(a->scale_backprop, dt, c, scale_bp);
+    vec_set(a->offset_backprop, dt, c, sum_dy);
+    double n = (double)p->n;
+    params_set(pp, G_A, c, gamma * r);
+    if (a->training && p->n > 0) {
+        params_set(pp, G_B, c, -gamma * r * r * scale_bp / n);
+        params_set(pp, G_C, c, -gamma * r * sum_dy / n);
+    } else {
+        params_set(pp, G_B, c, 0.0);
+        params_set(pp, G_C, c, 0.0);
+    }
+}
+
+int cfbn_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
+                  const void *dy, const void *x, const void *scale,
+                  const void *saved_mean, const void *saved_variance, double epsilon,
+                  void *dx, void *scale_backprop, void *offset_backprop)
+{
+    plan p;
+    make_plan(s, &p);
+    int nt = thread_count(s);
+    bwd_args a = { training, scale, saved_mean, saved_variance, epsilon, scale_backprop, offset_backprop };
+    params pp, ip;
+    int rc = -1;
+    double *sums = NULL;
+    if (params_init(&pp, s->dtype, param_len(&p, s->layout), G_COUNT) < 0) return -1;
+    if (params_init(&ip, s->dtype, param_len(&p, s->layout), P_APPLY_COUNT) < 0) {
+        params_free(&pp);
+        return -1;
+    }
+    sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
+    if (!sums) goto done;
+    for (int64_t c = 0; c < p.C; c++) backward_mean(&p, &a, &pp, c);
+
+    pass gs = { k, &p, &pp, PASS_GSTATS, dy, x, NULL };
+    pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx };
+    if (training && s->layout == CFBN_CHANNELS_FIRST && p.G == 1) {
+        /* One task per channel: sums, then dx while dy and x are in cache. */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#endif
+        for (int64_t c = 0; c < p.C; c++) {
+            double acc[2];
+            first_piece(&gs, NULL, c, 0, acc);
+            backward_channel(&p, &a, &pp, c, acc[0], acc[1]);
+            first_piece(&ga, NULL, c, 0, acc);
+        }
+        rc = 0;
+        goto done;
+    }
+    if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, 2, p.C);
+    if (run_pass(&gs, NULL, nt, sums) < 0) goto done;
+    for (int64_t c = 0; c < p.C; c++) backward_channel(&p, &a, &pp, c, sums[2 * c], sums[2 * c + 1]);
+    if (training) {
+        if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, G_COUNT, p.C);
+        rc = run_pass(&ga, NULL, nt, NULL);
+    } else {
+        /* Inference: dx = scale * r * dy does not depend on x, so it is the
+         * normalization pass applied to dy (a NaN in x stays out of dx). */
+        for (int64_t c = 0; c < p.C; c++) {
+            params_set(&ip, P_MHI, c, 0.0);
+            params_set(&ip, P_MLO, c, 0.0);
+            params_set(&ip, P_ALPHA, c, pp.d ? pp.d[G_A * pp.len + c] : pp.f[G_A * pp.len + c]);
+            params_set(&ip, P_BETA, c, 0.0);
+        }
+        if (s->layout == CFBN_CHANNELS_LAST) tile_params(&ip, P_APPLY_COUNT, p.C);
+        pass ap = { k, &p, &ip, PASS_APPLY, dy, NULL, dx };
+        rc = run_pass(&ap, NULL, nt, NULL);
+    }
+done:
+    free(sums);
+    params_free(&pp);
+    params_free(&ip);
+    return rc;
+}
+
+int cfbn_openmp_enabled(void)
+{
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int cfbn_openmp_max_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
