@@ -1,0 +1,13 @@
+"""cfbn: fused batch normalization, forward and gradient, for NumPy arrays.
+
+C kernels (scalar, AVX2+FMA, NEON) chosen once at import by CPU detection,
+parallelized with OpenMP; TensorFlow's FusedBatchNormV3 semantics.
+"""
+__version__ = "0.1.0"
+
+from . import reference
+from ._api import (BatchNormGrad, BatchNormOutput, fused_batch_norm, fused_batch_norm_grad,
+                   runtime_info)
+
+__all__ = ["BatchNormGrad", "BatchNormOutput", "fused_batch_norm", "fused_batch_norm_grad",
+           "reference", "runtime_info", "__version__"]

@@ -1,0 +1,133 @@
+"""`python -m cfbn`: what this machine runs, a self-check, and how fast.
+
+Prints runtime_info(), checks the selected kernels against cfbn.reference on
+random data (exit status 1 if any check fails), then times three shapes for
+the forward pass (training and inference) and the gradient beside the NumPy
+reference, as time per call and effective bandwidth (minimal bytes moved:
+2x the size of x for a forward pass, 3x for a gradient).
+"""
+import sys
+import time
+
+import numpy as np
+
+import cfbn
+from cfbn import reference
+
+CHECK_CASES = [
+    ((4, 7, 9, 17), "NHWC"), ((3, 17, 5, 11), "NCHW"), ((257, 3), "NC"),
+    ((2, 3, 4, 5, 8), "NDHWC"), ((2, 5, 3, 4, 7), "NCDHW"), ((1, 1, 1, 1), "NHWC"),
+]
+BENCH_SHAPES = [(32, 56, 56, 64), (32, 14, 14, 256), (1, 8, 8, 16)]
+
+
+def _inputs(rng, shape, data_format, dtype, loc=3.0, spread=2.0):
+    x = (rng.standard_normal(shape) * spread + loc).astype(dtype)
+    c = shape[1] if data_format in ("NCHW", "NCDHW") else shape[-1]
+    vdt = np.float32 if dtype == np.float16 else dtype
+    scale = (rng.standard_normal(c) + 1).astype(vdt)
+    offset = rng.standard_normal(c).astype(vdt)
+    mean = rng.standard_normal(c).astype(vdt)
+    var = (rng.random(c) + 0.5).astype(vdt)
+    return x, scale, offset, mean, var
+
+
+def _close(got, want, tol):
+    got = np.asarray(got, dtype=np.float64)
+    err = np.abs(got - want)
+    bound = tol * (np.abs(want) + 1.0)
+    return bool(np.all(err <= bound)), float(np.max(err / bound, initial=0.0))
+
+
+def self_check(rng):
+    """Compare the active kernels with the float64 reference; return failures."""
+    failures = []
+    tols = {np.float32: 1e-5, np.float64: 1e-11, np.float16: 4e-3}
+    for shape, fmt in CHECK_CASES:
+        for dtype, tol in tols.items():
+            for training in (True, False):
+                x, scale, offset, mean, var = _inputs(rng, shape, fmt, dtype)
+                kw = dict(epsilon=1e-3, data_format=fmt, is_training=training)
+                got = cfbn.fused_batch_norm(x, scale, offset, mean, var,
+                                            exponential_avg_factor=0.5, **kw)
+                want = reference.fused_batch_norm(x, scale, offset, mean, var,
+                                                  exponential_avg_factor=0.5, **kw)
+                dy = rng.standard_normal(shape).astype(dtype)
+                ggot = cfbn.fused_batch_norm_grad(dy, x, scale, got[3], got[4], **kw)
+                gwant = reference.fused_batch_norm_grad(dy, x, scale, got[3], got[4], **kw)
+                # sums over the batch are compared relative to the summands' size
+                n = x.size // scale.size
+                for name, g, w, t in (
+                        [(f, g, w, tol) for f, g, w in zip(got._fields, got, want)]
+                        + [(f, g, w, tol * max(1.0, np.sqrt(n))) for f, g, w in
+                           zip(ggot._fields, ggot, gwant)]):
+                    ok, worst = _close(g, w, t)
+                    if not ok:
+                        failures.append("%s %s %s training=%s %s: %.3g x tolerance"
+                                        % (shape, fmt, np.dtype(dtype).name, training, name, worst))
+    return failures
+
+
+def _time(fn, min_time=0.2, max_calls=2000):
+    fn()
+    calls, t0 = 0, time.perf_counter()
+    best = float("inf")
+    while calls < max_calls and time.perf_counter() - t0 < min_time:
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+        calls += 1
+    return best
+
+
+def speed_table(rng):
+    rows = []
+    for shape in BENCH_SHAPES:
+        x, scale, offset, mean, var = _inputs(rng, shape, "NHWC", np.float32)
+        dy = rng.standard_normal(shape).astype(np.float32)
+        fwd = cfbn.fused_batch_norm(x, scale, offset)
+        nbytes = x.nbytes
+        ops = [
+            ("forward train", 2 * nbytes,
+             lambda: cfbn.fused_batch_norm(x, scale, offset, mean, var, exponential_avg_factor=0.1),
+             lambda: reference.fused_batch_norm(x, scale, offset, mean, var, exponential_avg_factor=0.1)),
+            ("forward infer", 2 * nbytes,
+             lambda: cfbn.fused_batch_norm(x, scale, offset, mean, var, is_training=False),
+             lambda: reference.fused_batch_norm(x, scale, offset, mean, var, is_training=False)),
+            ("gradient", 3 * nbytes,
+             lambda: cfbn.fused_batch_norm_grad(dy, x, scale, fwd[3], fwd[4]),
+             lambda: reference.fused_batch_norm_grad(dy, x, scale, fwd[3], fwd[4])),
+        ]
+        for name, moved, ours, ref in ops:
+            t = _time(ours)
+            tr = _time(ref, min_time=0.1, max_calls=20)
+            rows.append((shape, name, t, moved / t / 1e9, tr, tr / t))
+    return rows
+
+
+def main():
+    info = cfbn.runtime_info()
+    print("cfbn %s" % info["version"])
+    for key in ("compiled_isas", "supported_isas", "selected_isa", "openmp", "max_threads"):
+        print("  %-15s %s" % (key, info[key]))
+    rng = np.random.default_rng(2024)
+    failures = self_check(rng)
+    if failures:
+        print("\nself-check FAILED (%d):" % len(failures))
+        for f in failures:
+            print("  " + f)
+        return 1
+    print("\nself-check passed: %d shapes x 5 layouts x float32/float64/float16, forward and "
+          "gradient, against cfbn.reference (float64)" % len(CHECK_CASES))
+    print("\nfloat32 NHWC, %s kernels, %d threads; best of repeated calls\n"
+          % (info["selected_isa"], info["max_threads"]))
+    print("| shape (N,H,W,C) | op | cfbn | GB/s | NumPy reference | speed-up |")
+    print("|---|---|---:|---:|---:|---:|")
+    for shape, name, t, gbs, tr, ratio in speed_table(rng):
+        print("| %s | %s | %.1f us | %.1f | %.1f us | %.0fx |"
+              % (",".join(map(str, shape)), name, t * 1e6, gbs, tr * 1e6, ratio))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

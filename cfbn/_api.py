@@ -1,0 +1,307 @@
+"""Public functions: argument validation, output allocation, kernel calls."""
+import math
+import operator
+from collections import namedtuple
+
+import numpy as np
+
+from . import _kernels
+
+BatchNormOutput = namedtuple(
+    "BatchNormOutput", ["y", "batch_mean", "batch_variance", "reserve_space_1", "reserve_space_2"])
+BatchNormGrad = namedtuple("BatchNormGrad", ["x_backprop", "scale_backprop", "offset_backprop"])
+
+# data_format -> (rank, channels first?).  NC's channel axis is 1 and last.
+LAYOUTS = {"NHWC": (4, False), "NDHWC": (5, False), "NC": (2, False),
+           "NCHW": (4, True), "NCDHW": (5, True)}
+_CHANNELS_LAST, _CHANNELS_FIRST = 0, 1
+
+# tensor dtype -> (kernel dtype code, dtype of the per-channel vectors)
+_F32, _F64, _F16 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)
+DTYPES = {_F32: (0, _F32), _F64: (1, _F64), _F16: (2, _F32)}
+
+
+def _as_array(a, name):
+    if type(a) is np.ndarray:
+        return a
+    if isinstance(a, np.ndarray):
+        return a.view(np.ndarray)
+    if a is None or isinstance(a, (str, bytes, dict)):
+        raise TypeError("%s: expected an array, got %s" % (name, type(a).__name__))
+    try:
+        return np.asarray(a)
+    except Exception as exc:  # an object NumPy cannot read as an array
+        raise TypeError("%s: expected an array, got %s (%s)" % (name, type(a).__name__, exc)) from None
+
+
+def _contiguous(a):
+    # A strided or reversed view is read through one contiguous copy.
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def _tensor(x, name):
+    """Validate the main tensor; returns (array, kernel dtype code, vector dtype)."""
+    x = _as_array(x, name)
+    kinds = DTYPES.get(x.dtype)
+    if kinds is None:
+        raise TypeError("%s: expected float32, float64 or float16 (native byte order), got %s"
+                        % (name, x.dtype))
+    return _contiguous(x), kinds[0], kinds[1]
+
+
+def _layout(data_format, x):
+    """Returns (layout code, outer, channels, inner) for x under data_format."""
+    try:
+        rank, first = LAYOUTS[data_format]
+    except (KeyError, TypeError):
+        raise ValueError("data_format: expected one of %s, got %r"
+                         % (", ".join(LAYOUTS), data_format)) from None
+    shape = x.shape
+    if len(shape) != rank:
+        raise ValueError("x: data_format %r needs a %d-D tensor, got shape %s"
+                         % (data_format, rank, shape))
+    if first:
+        inner = 1
+        for d in shape[2:]:
+            inner *= d
+        return _CHANNELS_FIRST, shape[0], shape[1], inner
+    outer = 1
+    for d in shape[:-1]:
+        outer *= d
+    return _CHANNELS_LAST, outer, shape[-1], 1
+
+
+def _vector(v, name, channels, dtype):
+    v = _as_array(v, name)
+    if v.dtype != dtype:
+        raise TypeError("%s: expected %s to match x, got %s" % (name, dtype, v.dtype))
+    if v.shape != (channels,):
+        raise ValueError("%s: expected shape (%d,) (one value per channel), got %s"
+                         % (name, channels, v.shape))
+    return _contiguous(v)
+
+
+def _epsilon(epsilon):
+    try:
+        e = float(epsilon)
+    except (TypeError, ValueError):
+        raise TypeError("epsilon: expected a float, got %r" % (epsilon,)) from None
+    if not (e >= 0.0 and math.isfinite(e)):
+        raise ValueError("epsilon: expected a finite value >= 0, got %r" % (epsilon,))
+    return e
+
+
+def _threads(n_threads):
+    if n_threads is None:
+        return 0
+    if isinstance(n_threads, bool):
+        raise TypeError("n_threads: expected an int or None, got bool")
+    try:
+        n = operator.index(n_threads)
+    except TypeError:
+        raise TypeError("n_threads: expected an int or None, got %r" % (n_threads,)) from None
+    if n < 1:
+        raise ValueError("n_threads: expected at least 1, got %d" % n)
+    if n > 1024:
+        raise ValueError("n_threads: expected at most 1024, got %d" % n)
+    return n
+
+
+def _outputs(out, fields, specs, inputs):
+    """Allocate or check the output arrays.
+
+    `specs` gives (shape, dtype) per field.  A caller's array must be an
+    ndarray of exactly that shape and dtype, C-contiguous and writeable; it
+    may be one of the inputs (an in-place call) but must not partly overlap
+    an input or another output.
+    """
+    if out is None:
+        return [np.empty(shape, dtype) for shape, dtype in specs]
+    if isinstance(out, dict):
+        unknown = set(out) - set(fields)
+        if unknown:
+            raise ValueError("out: unknown output name(s) %s; expected some of %s"
+                             % (sorted(unknown), ", ".join(fields)))
+        given = [out.get(f) for f in fields]
+    elif isinstance(out, (tuple, list)):
+        if len(out) != len(fields):
+            raise ValueError("out: expected %d entries (%s), got %d"
+                             % (len(fields), ", ".join(fields), len(out)))
+        given = list(out)
+    else:
+        raise TypeError("out: expected a tuple, list or dict of arrays, got %s" % type(out).__name__)
+    result = []
+    for field, (shape, dtype), a in zip(fields, specs, given):
+        if a is None:
+            result.append(np.empty(shape, dtype))
+            continue
+        name = "out[%r]" % field
+        if not isinstance(a, np.ndarray):
+            raise TypeError("%s: expected a numpy array, got %s" % (name, type(a).__name__))
+        if a.dtype != dtype:
+            raise TypeError("%s: expected dtype %s, got %s" % (name, dtype, a.dtype))
+        if a.shape != tuple(shape):
+            raise ValueError("%s: expected shape %s, got %s" % (name, tuple(shape), a.shape))
+        if not a.flags.c_contiguous:
+            raise ValueError("%s: expected a C-contiguous array" % name)
+        if not a.flags.writeable:
+            raise ValueError("%s: array is read-only" % name)
+        for iname, b in inputs:
+            if b is not None and _kernels.overlaps(a, b):
+                raise ValueError("%s: partly overlaps input %s; pass the same array for an "
+                                 "in-place call or a separate one" % (name, iname))
+        for prev_field, prev in zip(fields, result):
+            if np.may_share_memory(a, prev):
+                raise ValueError("%s: shares memory with out[%r]" % (name, prev_field))
+        result.append(a)
+    return result
+
+
+def fused_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4,
+                     exponential_avg_factor=1.0, data_format="NHWC", is_training=True,
+                     n_threads=None, out=None):
+    """Batch normalization of `x`, forward, as TensorFlow's FusedBatchNormV3.
+
+    Parameters
+    ----------
+    x : ndarray
+        float32, float64 or float16 tensor laid out as `data_format`.
+    scale, offset : ndarray
+        Per-channel gamma and beta, 1-D of length C (float32 for float16 x,
+        else x's dtype).
+    mean, variance : ndarray, optional
+        Running (population) statistics.  Required when `is_training` is False,
+        and in training when `exponential_avg_factor` is not 1.
+    epsilon : float
+        Added to the variance before the square root.
+    exponential_avg_factor : float
+        Weight f of this batch in the running statistics (0 <= f <= 1).
+    data_format : {"NHWC", "NCHW", "NDHWC", "NCDHW", "NC"}
+        Position of the channel axis.
+    is_training : bool
+        Normalize with the batch statistics (True) or with `mean`/`variance`.
+    n_threads : int, optional
+        OpenMP threads; None uses OpenMP's default.  Results do not depend on it.
+    out : tuple, list or dict, optional
+        Preallocated outputs (some or all), written in place and returned.
+
+    Returns
+    -------
+    BatchNormOutput
+        ``(y, batch_mean, batch_variance, reserve_space_1, reserve_space_2)``:
+        y has x's shape and dtype; in training batch_mean and batch_variance
+        are the updated running statistics (Bessel-corrected variance) and the
+        reserve spaces hold the batch mean and biased variance; in inference
+        all four repeat `mean` and `variance`.
+
+    Notes
+    -----
+    A non-contiguous input is read through one contiguous copy.
+    """
+    x, dt, vdt = _tensor(x, "x")
+    layout, outer, channels, inner = _layout(data_format, x)
+    scale = _vector(scale, "scale", channels, vdt)
+    offset = _vector(offset, "offset", channels, vdt)
+    eps = _epsilon(epsilon)
+    try:
+        factor = float(exponential_avg_factor)
+    except (TypeError, ValueError):
+        raise TypeError("exponential_avg_factor: expected a float, got %r"
+                        % (exponential_avg_factor,)) from None
+    if not (0.0 <= factor <= 1.0):
+        raise ValueError("exponential_avg_factor: expected a value in [0, 1], got %r"
+                         % (exponential_avg_factor,))
+    training = bool(is_training)
+    need_stats = (not training) or factor != 1.0
+    if need_stats and (mean is None or variance is None):
+        missing = "mean" if mean is None else "variance"
+        why = "is_training=False" if not training else "exponential_avg_factor != 1"
+        raise ValueError("%s: required when %s" % (missing, why))
+    if mean is not None:
+        mean = _vector(mean, "mean", channels, vdt)
+    if variance is not None:
+        variance = _vector(variance, "variance", channels, vdt)
+    nt = _threads(n_threads)
+    vshape = (channels,)
+    y, bm, bv, rs1, rs2 = _outputs(
+        out, BatchNormOutput._fields,
+        ((x.shape, x.dtype), (vshape, vdt), (vshape, vdt), (vshape, vdt), (vshape, vdt)),
+        (("x", x), ("scale", scale), ("offset", offset), ("mean", mean), ("variance", variance)))
+    if training:
+        _kernels.forward_training(dt, layout, outer, channels, inner, nt, x, scale, offset,
+                                  mean if factor != 1.0 else None,
+                                  variance if factor != 1.0 else None,
+                                  eps, factor, y, bm, bv, rs1, rs2)
+    else:
+        _kernels.forward_inference(dt, layout, outer, channels, inner, nt, x, scale, offset,
+                                   mean, variance, eps, y, bm, bv, rs1, rs2)
+    return BatchNormOutput(y, bm, bv, rs1, rs2)
+
+
+def fused_batch_norm_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2, *,
+                          epsilon=1e-4, data_format="NHWC", is_training=True, n_threads=None,
+                          out=None):
+    """Gradient of batch normalization, as TensorFlow's FusedBatchNormGradV3.
+
+    Parameters
+    ----------
+    y_backprop : ndarray
+        Gradient of the loss with respect to y; x's shape and dtype.
+    x : ndarray
+        The forward pass's input.
+    scale : ndarray
+        Per-channel gamma, 1-D of length C.
+    reserve_space_1, reserve_space_2 : ndarray
+        In training, the forward pass's reserve spaces (batch mean and biased
+        variance); in inference, the population mean and variance.
+    epsilon, data_format, is_training, n_threads
+        As for `fused_batch_norm`; use the forward pass's values.
+    out : tuple, list or dict, optional
+        Preallocated outputs (some or all), written in place and returned.
+
+    Returns
+    -------
+    BatchNormGrad
+        ``(x_backprop, scale_backprop, offset_backprop)``.
+    """
+    x, dt, vdt = _tensor(x, "x")
+    dy = _as_array(y_backprop, "y_backprop")
+    if dy.dtype != x.dtype:
+        raise TypeError("y_backprop: expected dtype %s to match x, got %s" % (x.dtype, dy.dtype))
+    if dy.shape != x.shape:
+        raise ValueError("y_backprop: expected x's shape %s, got %s" % (x.shape, dy.shape))
+    dy = _contiguous(dy)
+    layout, outer, channels, inner = _layout(data_format, x)
+    scale = _vector(scale, "scale", channels, vdt)
+    mu = _vector(reserve_space_1, "reserve_space_1", channels, vdt)
+    var = _vector(reserve_space_2, "reserve_space_2", channels, vdt)
+    eps = _epsilon(epsilon)
+    nt = _threads(n_threads)
+    vshape = (channels,)
+    dx, dscale, doffset = _outputs(
+        out, BatchNormGrad._fields, ((x.shape, x.dtype), (vshape, vdt), (vshape, vdt)),
+        (("y_backprop", dy), ("x", x), ("scale", scale), ("reserve_space_1", mu),
+         ("reserve_space_2", var)))
+    _kernels.backward(dt, layout, outer, channels, inner, nt, bool(is_training), dy, x, scale,
+                      mu, var, eps, dx, dscale, doffset)
+    return BatchNormGrad(dx, dscale, doffset)
+
+
+def runtime_info():
+    """What this process runs: version, ISAs, the selected table, OpenMP.
+
+    Returns
+    -------
+    dict
+        ``version``, ``compiled_isas``, ``supported_isas``, ``selected_isa``,
+        ``openmp`` (bool) and ``max_threads`` (threads used when n_threads is None).
+    """
+    from . import __version__
+    return {
+        "version": __version__,
+        "compiled_isas": _kernels.compiled_isas(),
+        "supported_isas": _kernels.supported_isas(),
+        "selected_isa": _kernels.selected_isa(),
+        "openmp": _kernels.openmp_enabled(),
+        "max_threads": _kernels.max_threads(),
+    }
