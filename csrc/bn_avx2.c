@@ -1,0 +1,1016 @@
+/* AVX2 + FMA + F16C kernels.  Only this file is compiled with -mavx2 -mfma
+ * -mf16c, and everything in it is static except the table: a helper with
+ * external linkage could be merged with a baseline copy by the linker and
+ * then run on a CPU without AVX2.  Same contracts as bn_scalar.c.
+ *
+ * f32 and f16 share their bodies (a constant `half` flag that always_inline
+ * folds away); f64 has its own.  Rows kernels whose width divides the vector
+ * period (16 floats, 8 doubles) run as one flat stream with per-lane
+ * parameters, because then every lane always sees the same column; other
+ * widths go row by row with a masked tail. */
+#include "cfbn.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+#include <immintrin.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* ---- masks: lanes [0, cnt) set; cnt may be <= 0 or >= the lane count ---- */
+
+INLINE __m256i mask_ps(int64_t cnt)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+INLINE __m256i mask_pd(int64_t cnt)
+{
+    return _mm256_cmpgt_epi64(_mm256_set1_epi64x(cnt), _mm256_setr_epi64x(0, 1, 2, 3));
+}
+
+INLINE __m128i mask_ph(int64_t cnt)
+{
+    return _mm_cmpgt_epi16(_mm_set1_epi16((short)cnt), _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* ---- f32 / f16 element access (8 lanes of float) ---- */
+
+INLINE __m256 ld8(const void *p, int64_t i, int half)
+{
+    if (half)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
+/* The first cnt (1..7) elements at p[i], zero in the other lanes.  avail is
+ * how many elements p[i..] holds: nothing past it is read, so a slice that
+ * ends at a page boundary never faults. */
+INLINE __m256 ld_part(const void *p, int64_t i, int64_t cnt, int64_t avail, int half)
+{
+    if (!half)
+        return _mm256_maskload_ps((const float *)p + i, mask_ps(cnt));
+    const uint16_t *q = (const uint16_t *)p + i;
+    __m128i h;
+    if (avail >= 8) {
+        h = _mm_and_si128(_mm_loadu_si128((const __m128i *)q), mask_ph(cnt));
+    } else {
+        uint16_t buf[8] = {0};
+        memcpy(buf, q, (size_t)cnt * sizeof *buf);
+        h = _mm_loadu_si128((const __m128i *)buf);
+    }
+    return _mm256_cvtph_ps(h);
+}
+
+INLINE void st8(void *p, int64_t i, __m256 v, int half)
+{
+    if (half)
+        _mm_storeu_si128((__m128i *)((uint16_t *)p + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    else
+        _mm256_storeu_ps((float *)p + i, v);
+}
+
+/* Writes exactly cnt (1..7) elements: a neighbouring element may belong to
+ * another thread's piece (or be the next row's input when y aliases x). */
+INLINE void st_part(void *p, int64_t i, __m256 v, int64_t cnt, int half)
+{
+    if (!half) {
+        _mm256_maskstore_ps((float *)p + i, mask_ps(cnt), v);
+        return;
+    }
+    uint16_t buf[8];
+    _mm_storeu_si128((__m128i *)buf, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    memcpy((uint16_t *)p + i, buf, (size_t)cnt * sizeof *buf);
+}
+
+/* Four elements widened to double; float -> double is exact. */
+INLINE __m256d ld4d(const void *p, int64_t i, int half)
+{
+    if (half)
+        return _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)((const uint16_t *)p + i))));
+    return _mm256_cvtps_pd(_mm_loadu_ps((const float *)p + i));
+}
+
+INLINE __m256d lo_pd(__m256 v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
+INLINE __m256d hi_pd(__m256 v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
+
+INLINE __m256 and_ps(__m256 v, __m256i m) { return _mm256_and_ps(v, _mm256_castsi256_ps(m)); }
+INLINE __m256d and_pd(__m256d v, __m256i m) { return _mm256_and_pd(v, _mm256_castsi256_pd(m)); }
+
+INLINE double hsum_pd(__m256d v)
+{
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+/* acc[j] = sum of lanes[l] over l = j, j + w, ... < period (w divides period) */
+static void fold_lanes(const double *lanes, int64_t period, int64_t w, double *acc)
+{
+    for (int64_t j = 0; j < w; j++) {
+        double s = 0.0;
+        for (int64_t l = j; l < period; l += w) s += lanes[l];
+        acc[j] = s;
+    }
+}
+
+/* Double sums for 8 float lanes: s1 = sum d or sum dy, s2 = sum d^2 or sum dy*d. */
+typedef struct {
+    __m256d s1lo, s1hi, s2lo, s2hi;
+} acc8;
+
+INLINE acc8 acc8_zero(void)
+{
+    acc8 a = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    return a;
+}
+
+INLINE acc8 acc8_load(const double *s1, const double *s2)
+{
+    acc8 a = {_mm256_loadu_pd(s1), _mm256_loadu_pd(s1 + 4), _mm256_loadu_pd(s2), _mm256_loadu_pd(s2 + 4)};
+    return a;
+}
+
+INLINE void acc8_store(const acc8 *a, double *s1, double *s2)
+{
+    _mm256_storeu_pd(s1, a->s1lo);
+    _mm256_storeu_pd(s1 + 4, a->s1hi);
+    _mm256_storeu_pd(s2, a->s2lo);
+    _mm256_storeu_pd(s2 + 4, a->s2hi);
+}
+
+/* Stores lanes [0, cnt) of a into s1[], s2[]. */
+INLINE void acc8_store_part(const acc8 *a, double *s1, double *s2, int64_t cnt)
+{
+    __m256i mlo = mask_pd(cnt);
+    _mm256_maskstore_pd(s1, mlo, a->s1lo);
+    _mm256_maskstore_pd(s2, mlo, a->s2lo);
+    if (cnt > 4) {
+        __m256i mhi = mask_pd(cnt - 4);
+        _mm256_maskstore_pd(s1 + 4, mhi, a->s1hi);
+        _mm256_maskstore_pd(s2 + 4, mhi, a->s2hi);
+    }
+}
+
+/* The shift is subtracted in double: x - shift is exact there for any float
+ * x near the shift, which keeps sum d^2 free of cancellation. */
+INLINE void stats_step(acc8 *a, __m256d xlo, __m256d xhi, __m256d shlo, __m256d shhi)
+{
+    __m256d dlo = _mm256_sub_pd(xlo, shlo), dhi = _mm256_sub_pd(xhi, shhi);
+    a->s1lo = _mm256_add_pd(a->s1lo, dlo);
+    a->s1hi = _mm256_add_pd(a->s1hi, dhi);
+    a->s2lo = _mm256_fmadd_pd(dlo, dlo, a->s2lo);
+    a->s2hi = _mm256_fmadd_pd(dhi, dhi, a->s2hi);
+}
+
+INLINE void gstats_step(acc8 *a, __m256 g, __m256 d)
+{
+    __m256d glo = lo_pd(g), ghi = hi_pd(g);
+    a->s1lo = _mm256_add_pd(a->s1lo, glo);
+    a->s1hi = _mm256_add_pd(a->s1hi, ghi);
+    a->s2lo = _mm256_fmadd_pd(glo, lo_pd(d), a->s2lo);
+    a->s2hi = _mm256_fmadd_pd(ghi, hi_pd(d), a->s2hi);
+}
+
+/* Two subtractions in this order: x - mhi is exact when x is near the mean
+ * (Sterbenz), so a mean much larger than the spread loses nothing. */
+INLINE __m256 centered_ps(__m256 x, __m256 mhi, __m256 mlo)
+{
+    return _mm256_sub_ps(_mm256_sub_ps(x, mhi), mlo);
+}
+
+INLINE __m256 apply_ps(__m256 x, __m256 mhi, __m256 mlo, __m256 al, __m256 be)
+{
+    return _mm256_fmadd_ps(centered_ps(x, mhi, mlo), al, be);
+}
+
+INLINE __m256 gapply_ps(__m256 g, __m256 x, __m256 mhi, __m256 mlo, __m256 a, __m256 b, __m256 c)
+{
+    return _mm256_fmadd_ps(g, a, _mm256_fmadd_ps(centered_ps(x, mhi, mlo), b, c));
+}
+
+/* ---- f32 / f16 flat streams: 8-element blocks with an even index use the
+ * first parameter set, odd blocks the second ---- */
+
+/* sh: shift lanes lo, hi of even blocks, then of odd blocks */
+INLINE void stats_flat_ps(const void *x, int64_t n, const __m256d *sh, int half, acc8 *ea, acc8 *oa)
+{
+    acc8 a = acc8_zero(), b = acc8_zero();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        stats_step(&a, ld4d(x, i, half), ld4d(x, i + 4, half), sh[0], sh[1]);
+        stats_step(&b, ld4d(x, i + 8, half), ld4d(x, i + 12, half), sh[2], sh[3]);
+    }
+    int odd = 0;
+    if (i + 8 <= n) {
+        stats_step(&a, ld4d(x, i, half), ld4d(x, i + 4, half), sh[0], sh[1]);
+        i += 8;
+        odd = 1;
+    }
+    if (i < n) {
+        int64_t cnt = n - i;
+        __m256 v = ld_part(x, i, cnt, cnt, half);
+        __m256i mlo = mask_pd(cnt), mhi = mask_pd(cnt - 4);
+        /* dead lanes: x reads as 0 and the shift is masked to 0, so d = 0 */
+        if (odd)
+            stats_step(&b, lo_pd(v), hi_pd(v), and_pd(sh[2], mlo), and_pd(sh[3], mhi));
+        else
+            stats_step(&a, lo_pd(v), hi_pd(v), and_pd(sh[0], mlo), and_pd(sh[1], mhi));
+    }
+    *ea = a;
+    *oa = b;
+}
+
+/* m: mhi, mlo of even blocks, then of odd blocks */
+INLINE void gstats_flat_ps(const void *dy, const void *x, int64_t n, const __m256 *m, int half, acc8 *ea, acc8 *oa)
+{
+    acc8 a = acc8_zero(), b = acc8_zero();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        gstats_step(&a, ld8(dy, i, half), centered_ps(ld8(x, i, half), m[0], m[1]));
+        gstats_step(&b, ld8(dy, i + 8, half), centered_ps(ld8(x, i + 8, half), m[2], m[3]));
+    }
+    int odd = 0;
+    if (i + 8 <= n) {
+        gstats_step(&a, ld8(dy, i, half), centered_ps(ld8(x, i, half), m[0], m[1]));
+        i += 8;
+        odd = 1;
+    }
+    if (i < n) {
+        int64_t cnt = n - i;
+        __m256i mk = mask_ps(cnt);
+        __m256 g = ld_part(dy, i, cnt, cnt, half), v = ld_part(x, i, cnt, cnt, half);
+        /* dead lanes: dy = 0 and d = 0, so even an inf mean adds nothing */
+        if (odd)
+            gstats_step(&b, g, centered_ps(v, and_ps(m[2], mk), and_ps(m[3], mk)));
+        else
+            gstats_step(&a, g, centered_ps(v, and_ps(m[0], mk), and_ps(m[1], mk)));
+    }
+    *ea = a;
+    *oa = b;
+}
+
+/* p: mhi, mlo, alpha, beta of even blocks, then of odd blocks */
+INLINE void apply_flat_ps(const void *x, void *y, int64_t n, const __m256 *p, int half)
+{
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 v0 = ld8(x, i, half), v1 = ld8(x, i + 8, half);
+        __m256 v2 = ld8(x, i + 16, half), v3 = ld8(x, i + 24, half);
+        st8(y, i, apply_ps(v0, p[0], p[1], p[2], p[3]), half);
+        st8(y, i + 8, apply_ps(v1, p[4], p[5], p[6], p[7]), half);
+        st8(y, i + 16, apply_ps(v2, p[0], p[1], p[2], p[3]), half);
+        st8(y, i + 24, apply_ps(v3, p[4], p[5], p[6], p[7]), half);
+    }
+    for (; i + 8 <= n; i += 8) {
+        const __m256 *q = p + 4 * ((i >> 3) & 1);
+        st8(y, i, apply_ps(ld8(x, i, half), q[0], q[1], q[2], q[3]), half);
+    }
+    if (i < n) {
+        const __m256 *q = p + 4 * ((i >> 3) & 1);
+        st_part(y, i, apply_ps(ld_part(x, i, n - i, n - i, half), q[0], q[1], q[2], q[3]), n - i, half);
+    }
+}
+
+/* p: mhi, mlo, a, b, c of even blocks, then of odd blocks */
+INLINE void gapply_flat_ps(const void *dy, const void *x, void *dx, int64_t n, const __m256 *p, int half)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 g0 = ld8(dy, i, half), g1 = ld8(dy, i + 8, half);
+        __m256 v0 = ld8(x, i, half), v1 = ld8(x, i + 8, half);
+        st8(dx, i, gapply_ps(g0, v0, p[0], p[1], p[2], p[3], p[4]), half);
+        st8(dx, i + 8, gapply_ps(g1, v1, p[5], p[6], p[7], p[8], p[9]), half);
+    }
+    if (i + 8 <= n) {
+        st8(dx, i, gapply_ps(ld8(dy, i, half), ld8(x, i, half), p[0], p[1], p[2], p[3], p[4]), half);
+        i += 8;
+    }
+    if (i < n) {
+        const __m256 *q = p + 5 * ((i >> 3) & 1);
+        int64_t cnt = n - i;
+        __m256 g = ld_part(dy, i, cnt, cnt, half), v = ld_part(x, i, cnt, cnt, half);
+        st_part(dx, i, gapply_ps(g, v, q[0], q[1], q[2], q[3], q[4]), cnt, half);
+    }
+}
+
+/* Per-lane parameter vectors for a width w that divides 16: lane l of the
+ * flat stream belongs to column l % w. */
+INLINE void lanes_ps(const float *v, int64_t w, __m256 *even, __m256 *odd)
+{
+    float t[16];
+    for (int l = 0; l < 16; l++) t[l] = v[l % w];
+    *even = _mm256_loadu_ps(t);
+    *odd = _mm256_loadu_ps(t + 8);
+}
+
+/* ---- f32 / f16 kernel bodies ---- */
+
+INLINE void stats_run_ps(const void *x, int64_t n, double shift, double *acc, int half)
+{
+    __m256d s = _mm256_set1_pd(shift);
+    const __m256d sh[4] = {s, s, s, s};
+    acc8 a, b;
+    stats_flat_ps(x, n, sh, half, &a, &b);
+    acc[0] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
+    acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
+}
+
+INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int half)
+{
+    if (w <= 0) return;
+    if (16 % w == 0) {
+        double t[16], s1[16], s2[16];
+        for (int l = 0; l < 16; l++) t[l] = shift[l % w];
+        const __m256d sh[4] = {_mm256_loadu_pd(t), _mm256_loadu_pd(t + 4), _mm256_loadu_pd(t + 8), _mm256_loadu_pd(t + 12)};
+        acc8 a, b;
+        stats_flat_ps(x, rows * w, sh, half, &a, &b);
+        acc8_store(&a, s1, s2);
+        acc8_store(&b, s1 + 8, s2 + 8);
+        fold_lanes(s1, 16, w, acc);
+        fold_lanes(s2, 16, w, acc + w);
+        return;
+    }
+    /* Full 8-column blocks accumulate in acc (L1-resident, two rows per
+     * load/store); the partial block sits at the same columns in every row,
+     * so its sums stay in registers. */
+    const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    acc8 t = acc8_zero();
+    __m256d tlo = _mm256_setzero_pd(), thi = _mm256_setzero_pd();
+    if (cnt > 0) tlo = _mm256_maskload_pd(shift + full, mask_pd(cnt));
+    if (cnt > 4) thi = _mm256_maskload_pd(shift + full + 4, mask_pd(cnt - 4));
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const int64_t o0 = r * w, o1 = o0 + w;
+        for (int64_t j = 0; j < full; j += 8) {
+            acc8 c = acc8_load(acc + j, acc + w + j);
+            __m256d slo = _mm256_loadu_pd(shift + j), shi = _mm256_loadu_pd(shift + j + 4);
+            stats_step(&c, ld4d(x, o0 + j, half), ld4d(x, o0 + j + 4, half), slo, shi);
+            stats_step(&c, ld4d(x, o1 + j, half), ld4d(x, o1 + j + 4, half), slo, shi);
+            acc8_store(&c, acc + j, acc + w + j);
+        }
+        if (cnt) {
+            __m256 v0 = ld_part(x, o0 + full, cnt, n - o0 - full, half);
+            __m256 v1 = ld_part(x, o1 + full, cnt, n - o1 - full, half);
+            stats_step(&t, lo_pd(v0), hi_pd(v0), tlo, thi);
+            stats_step(&t, lo_pd(v1), hi_pd(v1), tlo, thi);
+        }
+    }
+    if (r < rows) {
+        const int64_t o0 = r * w;
+        for (int64_t j = 0; j < full; j += 8) {
+            acc8 c = acc8_load(acc + j, acc + w + j);
+            stats_step(&c, ld4d(x, o0 + j, half), ld4d(x, o0 + j + 4, half),
+                       _mm256_loadu_pd(shift + j), _mm256_loadu_pd(shift + j + 4));
+            acc8_store(&c, acc + j, acc + w + j);
+        }
+        if (cnt) {
+            __m256 v0 = ld_part(x, o0 + full, cnt, n - o0 - full, half);
+            stats_step(&t, lo_pd(v0), hi_pd(v0), tlo, thi);
+        }
+    }
+    if (cnt) acc8_store_part(&t, acc + full, acc + w + full, cnt);
+}
+
+INLINE void apply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int half)
+{
+    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
+    __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]);
+    const __m256 q[8] = {m, l, a, b, m, l, a, b};
+    apply_flat_ps(x, y, n, q, half);
+}
+
+INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int half)
+{
+    if (w <= 0) return;
+    if (16 % w == 0) {
+        __m256 q[8];
+        lanes_ps(p->mhi, w, &q[0], &q[4]);
+        lanes_ps(p->mlo, w, &q[1], &q[5]);
+        lanes_ps(p->alpha, w, &q[2], &q[6]);
+        lanes_ps(p->beta, w, &q[3], &q[7]);
+        apply_flat_ps(x, y, rows * w, q, half);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
+    __m256 tm = _mm256_setzero_ps(), tl = tm, ta = tm, tb = tm;
+    if (cnt) {
+        __m256i mk = mask_ps(cnt);
+        tm = _mm256_maskload_ps(p->mhi + full, mk);
+        tl = _mm256_maskload_ps(p->mlo + full, mk);
+        ta = _mm256_maskload_ps(p->alpha + full, mk);
+        tb = _mm256_maskload_ps(p->beta + full, mk);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += 8) {
+            __m256 v = apply_ps(ld8(x, o + j, half), _mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j),
+                                _mm256_loadu_ps(p->alpha + j), _mm256_loadu_ps(p->beta + j));
+            st8(y, o + j, v, half);
+        }
+        if (cnt) {
+            __m256 v = ld_part(x, o + full, cnt, n - o - full, half);
+            st_part(y, o + full, apply_ps(v, tm, tl, ta, tb), cnt, half);
+        }
+    }
+}
+
+INLINE void gstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int half)
+{
+    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
+    const __m256 q[4] = {m, l, m, l};
+    acc8 a, b;
+    gstats_flat_ps(dy, x, n, q, half, &a, &b);
+    acc[0] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
+    acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
+}
+
+INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                           double *acc, int half)
+{
+    if (w <= 0) return;
+    if (16 % w == 0) {
+        __m256 q[4];
+        double s1[16], s2[16];
+        lanes_ps(p->mhi, w, &q[0], &q[2]);
+        lanes_ps(p->mlo, w, &q[1], &q[3]);
+        acc8 a, b;
+        gstats_flat_ps(dy, x, rows * w, q, half, &a, &b);
+        acc8_store(&a, s1, s2);
+        acc8_store(&b, s1 + 8, s2 + 8);
+        fold_lanes(s1, 16, w, acc);
+        fold_lanes(s2, 16, w, acc + w);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    acc8 t = acc8_zero();
+    __m256 tm = _mm256_setzero_ps(), tl = tm;
+    if (cnt) {
+        __m256i mk = mask_ps(cnt);
+        tm = _mm256_maskload_ps(p->mhi + full, mk);
+        tl = _mm256_maskload_ps(p->mlo + full, mk);
+    }
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const int64_t o0 = r * w, o1 = o0 + w;
+        for (int64_t j = 0; j < full; j += 8) {
+            acc8 c = acc8_load(acc + j, acc + w + j);
+            __m256 m = _mm256_loadu_ps(p->mhi + j), l = _mm256_loadu_ps(p->mlo + j);
+            gstats_step(&c, ld8(dy, o0 + j, half), centered_ps(ld8(x, o0 + j, half), m, l));
+            gstats_step(&c, ld8(dy, o1 + j, half), centered_ps(ld8(x, o1 + j, half), m, l));
+            acc8_store(&c, acc + j, acc + w + j);
+        }
+        if (cnt) {
+            gstats_step(&t, ld_part(dy, o0 + full, cnt, n - o0 - full, half),
+                        centered_ps(ld_part(x, o0 + full, cnt, n - o0 - full, half), tm, tl));
+            gstats_step(&t, ld_part(dy, o1 + full, cnt, n - o1 - full, half),
+                        centered_ps(ld_part(x, o1 + full, cnt, n - o1 - full, half), tm, tl));
+        }
+    }
+    if (r < rows) {
+        const int64_t o0 = r * w;
+        for (int64_t j = 0; j < full; j += 8) {
+            acc8 c = acc8_load(acc + j, acc + w + j);
+            __m256 m = _mm256_loadu_ps(p->mhi + j), l = _mm256_loadu_ps(p->mlo + j);
+            gstats_step(&c, ld8(dy, o0 + j, half), centered_ps(ld8(x, o0 + j, half), m, l));
+            acc8_store(&c, acc + j, acc + w + j);
+        }
+        if (cnt) {
+            gstats_step(&t, ld_part(dy, o0 + full, cnt, n - o0 - full, half),
+                        centered_ps(ld_part(x, o0 + full, cnt, n - o0 - full, half), tm, tl));
+        }
+    }
+    if (cnt) acc8_store_part(&t, acc + full, acc + w + full, cnt);
+}
+
+INLINE void gapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int half)
+{
+    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
+    __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
+    const __m256 q[10] = {m, l, a, b, c, m, l, a, b, c};
+    gapply_flat_ps(dy, x, dx, n, q, half);
+}
+
+INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                           int half)
+{
+    if (w <= 0) return;
+    if (16 % w == 0) {
+        __m256 q[10];
+        lanes_ps(p->mhi, w, &q[0], &q[5]);
+        lanes_ps(p->mlo, w, &q[1], &q[6]);
+        lanes_ps(p->a, w, &q[2], &q[7]);
+        lanes_ps(p->b, w, &q[3], &q[8]);
+        lanes_ps(p->c, w, &q[4], &q[9]);
+        gapply_flat_ps(dy, x, dx, rows * w, q, half);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
+    __m256 tm = _mm256_setzero_ps(), tl = tm, ta = tm, tb = tm, tc = tm;
+    if (cnt) {
+        __m256i mk = mask_ps(cnt);
+        tm = _mm256_maskload_ps(p->mhi + full, mk);
+        tl = _mm256_maskload_ps(p->mlo + full, mk);
+        ta = _mm256_maskload_ps(p->a + full, mk);
+        tb = _mm256_maskload_ps(p->b + full, mk);
+        tc = _mm256_maskload_ps(p->c + full, mk);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += 8) {
+            __m256 v = gapply_ps(ld8(dy, o + j, half), ld8(x, o + j, half), _mm256_loadu_ps(p->mhi + j),
+                                 _mm256_loadu_ps(p->mlo + j), _mm256_loadu_ps(p->a + j), _mm256_loadu_ps(p->b + j),
+                                 _mm256_loadu_ps(p->c + j));
+            st8(dx, o + j, v, half);
+        }
+        if (cnt) {
+            __m256 g = ld_part(dy, o + full, cnt, n - o - full, half);
+            __m256 v = ld_part(x, o + full, cnt, n - o - full, half);
+            st_part(dx, o + full, gapply_ps(g, v, tm, tl, ta, tb, tc), cnt, half);
+        }
+    }
+}
+
+/* ---- float32 ---- */
+
+static void stats_run_f32(const float *x, int64_t n, double shift, double *acc)
+{
+    stats_run_ps(x, n, shift, acc, 0);
+}
+
+static void stats_rows_f32(const float *x, int64_t rows, int64_t w, const double *shift, double *acc)
+{
+    stats_rows_ps(x, rows, w, shift, acc, 0);
+}
+
+static void apply_run_f32(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
+{
+    apply_run_ps(x, y, n, p, 0);
+}
+
+static void apply_rows_f32(const float *x, float *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+{
+    apply_rows_ps(x, y, rows, w, p, 0);
+}
+
+static void gstats_run_f32(const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+{
+    gstats_run_ps(dy, x, n, p, acc, 0);
+}
+
+static void gstats_rows_f32(const float *dy, const float *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
+{
+    gstats_rows_ps(dy, x, rows, w, p, acc, 0);
+}
+
+static void gapply_run_f32(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
+{
+    gapply_run_ps(dy, x, dx, n, p, 0);
+}
+
+static void gapply_rows_f32(const float *dy, const float *x, float *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
+{
+    gapply_rows_ps(dy, x, dx, rows, w, p, 0);
+}
+
+/* ---- float16 storage, float compute ---- */
+
+static void stats_run_f16(const uint16_t *x, int64_t n, double shift, double *acc)
+{
+    stats_run_ps(x, n, shift, acc, 1);
+}
+
+static void stats_rows_f16(const uint16_t *x, int64_t rows, int64_t w, const double *shift, double *acc)
+{
+    stats_rows_ps(x, rows, w, shift, acc, 1);
+}
+
+static void apply_run_f16(const uint16_t *x, uint16_t *y, int64_t n, const cfbn_apply_f32 *p)
+{
+    apply_run_ps(x, y, n, p, 1);
+}
+
+static void apply_rows_f16(const uint16_t *x, uint16_t *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+{
+    apply_rows_ps(x, y, rows, w, p, 1);
+}
+
+static void gstats_run_f16(const uint16_t *dy, const uint16_t *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+{
+    gstats_run_ps(dy, x, n, p, acc, 1);
+}
+
+static void gstats_rows_f16(const uint16_t *dy, const uint16_t *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                            double *acc)
+{
+    gstats_rows_ps(dy, x, rows, w, p, acc, 1);
+}
+
+static void gapply_run_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t n, const cfbn_grad_f32 *p)
+{
+    gapply_run_ps(dy, x, dx, n, p, 1);
+}
+
+static void gapply_rows_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t rows, int64_t w,
+                            const cfbn_grad_f32 *p)
+{
+    gapply_rows_ps(dy, x, dx, rows, w, p, 1);
+}
+
+/* ---- float64: 4 lanes; flat streams alternate two parameter sets over
+ * 4-element blocks, so widths dividing 8 see whole columns per lane ---- */
+
+typedef struct {
+    __m256d s1, s2;
+} acc4;
+
+INLINE acc4 acc4_zero(void)
+{
+    acc4 a = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+    return a;
+}
+
+INLINE void stats_step_pd(acc4 *a, __m256d x, __m256d sh)
+{
+    __m256d d = _mm256_sub_pd(x, sh);
+    a->s1 = _mm256_add_pd(a->s1, d);
+    a->s2 = _mm256_fmadd_pd(d, d, a->s2);
+}
+
+INLINE __m256d centered_pd(__m256d x, __m256d mhi, __m256d mlo)
+{
+    return _mm256_sub_pd(_mm256_sub_pd(x, mhi), mlo);
+}
+
+INLINE void gstats_step_pd(acc4 *a, __m256d g, __m256d d)
+{
+    a->s1 = _mm256_add_pd(a->s1, g);
+    a->s2 = _mm256_fmadd_pd(g, d, a->s2);
+}
+
+INLINE __m256d apply_pd(__m256d x, __m256d mhi, __m256d mlo, __m256d al, __m256d be)
+{
+    return _mm256_fmadd_pd(centered_pd(x, mhi, mlo), al, be);
+}
+
+INLINE __m256d gapply_pd(__m256d g, __m256d x, __m256d mhi, __m256d mlo, __m256d a, __m256d b, __m256d c)
+{
+    return _mm256_fmadd_pd(g, a, _mm256_fmadd_pd(centered_pd(x, mhi, mlo), b, c));
+}
+
+INLINE __m256d ldpart_pd(const double *p, int64_t cnt) { return _mm256_maskload_pd(p, mask_pd(cnt)); }
+
+/* sh[0] for even 4-blocks, sh[1] for odd; sums of even blocks in *ea. */
+INLINE void stats_flat_pd(const double *x, int64_t n, const __m256d *sh, acc4 *ea, acc4 *oa)
+{
+    acc4 a0 = acc4_zero(), b0 = acc4_zero(), a1 = acc4_zero(), b1 = acc4_zero();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        stats_step_pd(&a0, _mm256_loadu_pd(x + i), sh[0]);
+        stats_step_pd(&b0, _mm256_loadu_pd(x + i + 4), sh[1]);
+        stats_step_pd(&a1, _mm256_loadu_pd(x + i + 8), sh[0]);
+        stats_step_pd(&b1, _mm256_loadu_pd(x + i + 12), sh[1]);
+    }
+    for (; i + 8 <= n; i += 8) {
+        stats_step_pd(&a0, _mm256_loadu_pd(x + i), sh[0]);
+        stats_step_pd(&b0, _mm256_loadu_pd(x + i + 4), sh[1]);
+    }
+    int odd = 0;
+    if (i + 4 <= n) {
+        stats_step_pd(&a1, _mm256_loadu_pd(x + i), sh[0]);
+        i += 4;
+        odd = 1;
+    }
+    if (i < n) {
+        __m256i mk = mask_pd(n - i);
+        __m256d v = _mm256_maskload_pd(x + i, mk);
+        if (odd)
+            stats_step_pd(&b1, v, and_pd(sh[1], mk));
+        else
+            stats_step_pd(&a1, v, and_pd(sh[0], mk));
+    }
+    ea->s1 = _mm256_add_pd(a0.s1, a1.s1);
+    ea->s2 = _mm256_add_pd(a0.s2, a1.s2);
+    oa->s1 = _mm256_add_pd(b0.s1, b1.s1);
+    oa->s2 = _mm256_add_pd(b0.s2, b1.s2);
+}
+
+/* m: mhi, mlo of even 4-blocks, then of odd ones */
+INLINE void gstats_flat_pd(const double *dy, const double *x, int64_t n, const __m256d *m, acc4 *ea, acc4 *oa)
+{
+    acc4 a0 = acc4_zero(), b0 = acc4_zero(), a1 = acc4_zero(), b1 = acc4_zero();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        gstats_step_pd(&a0, _mm256_loadu_pd(dy + i), centered_pd(_mm256_loadu_pd(x + i), m[0], m[1]));
+        gstats_step_pd(&b0, _mm256_loadu_pd(dy + i + 4), centered_pd(_mm256_loadu_pd(x + i + 4), m[2], m[3]));
+        gstats_step_pd(&a1, _mm256_loadu_pd(dy + i + 8), centered_pd(_mm256_loadu_pd(x + i + 8), m[0], m[1]));
+        gstats_step_pd(&b1, _mm256_loadu_pd(dy + i + 12), centered_pd(_mm256_loadu_pd(x + i + 12), m[2], m[3]));
+    }
+    for (; i + 8 <= n; i += 8) {
+        gstats_step_pd(&a0, _mm256_loadu_pd(dy + i), centered_pd(_mm256_loadu_pd(x + i), m[0], m[1]));
+        gstats_step_pd(&b0, _mm256_loadu_pd(dy + i + 4), centered_pd(_mm256_loadu_pd(x + i + 4), m[2], m[3]));
+    }
+    int odd = 0;
+    if (i + 4 <= n) {
+        gstats_step_pd(&a1, _mm256_loadu_pd(dy + i), centered_pd(_mm256_loadu_pd(x + i), m[0], m[1]));
+        i += 4;
+        odd = 1;
+    }
+    if (i < n) {
+        __m256i mk = mask_pd(n - i);
+        __m256d g = _mm256_maskload_pd(dy + i, mk), v = _mm256_maskload_pd(x + i, mk);
+        if (odd)
+            gstats_step_pd(&b1, g, centered_pd(v, and_pd(m[2], mk), and_pd(m[3], mk)));
+        else
+            gstats_step_pd(&a1, g, centered_pd(v, and_pd(m[0], mk), and_pd(m[1], mk)));
+    }
+    ea->s1 = _mm256_add_pd(a0.s1, a1.s1);
+    ea->s2 = _mm256_add_pd(a0.s2, a1.s2);
+    oa->s1 = _mm256_add_pd(b0.s1, b1.s1);
+    oa->s2 = _mm256_add_pd(b0.s2, b1.s2);
+}
+
+/* p: mhi, mlo, alpha, beta of even 4-blocks, then of odd ones */
+INLINE void apply_flat_pd(const double *x, double *y, int64_t n, const __m256d *p)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256d v0 = _mm256_loadu_pd(x + i), v1 = _mm256_loadu_pd(x + i + 4);
+        __m256d v2 = _mm256_loadu_pd(x + i + 8), v3 = _mm256_loadu_pd(x + i + 12);
+        _mm256_storeu_pd(y + i, apply_pd(v0, p[0], p[1], p[2], p[3]));
+        _mm256_storeu_pd(y + i + 4, apply_pd(v1, p[4], p[5], p[6], p[7]));
+        _mm256_storeu_pd(y + i + 8, apply_pd(v2, p[0], p[1], p[2], p[3]));
+        _mm256_storeu_pd(y + i + 12, apply_pd(v3, p[4], p[5], p[6], p[7]));
+    }
+    for (; i + 4 <= n; i += 4) {
+        const __m256d *q = p + 4 * ((i >> 2) & 1);
+        _mm256_storeu_pd(y + i, apply_pd(_mm256_loadu_pd(x + i), q[0], q[1], q[2], q[3]));
+    }
+    if (i < n) {
+        const __m256d *q = p + 4 * ((i >> 2) & 1);
+        __m256i mk = mask_pd(n - i);
+        _mm256_maskstore_pd(y + i, mk, apply_pd(_mm256_maskload_pd(x + i, mk), q[0], q[1], q[2], q[3]));
+    }
+}
+
+/* p: mhi, mlo, a, b, c of even 4-blocks, then of odd ones */
+INLINE void gapply_flat_pd(const double *dy, const double *x, double *dx, int64_t n, const __m256d *p)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256d g0 = _mm256_loadu_pd(dy + i), g1 = _mm256_loadu_pd(dy + i + 4);
+        __m256d v0 = _mm256_loadu_pd(x + i), v1 = _mm256_loadu_pd(x + i + 4);
+        _mm256_storeu_pd(dx + i, gapply_pd(g0, v0, p[0], p[1], p[2], p[3], p[4]));
+        _mm256_storeu_pd(dx + i + 4, gapply_pd(g1, v1, p[5], p[6], p[7], p[8], p[9]));
+    }
+    if (i + 4 <= n) {
+        _mm256_storeu_pd(dx + i, gapply_pd(_mm256_loadu_pd(dy + i), _mm256_loadu_pd(x + i), p[0], p[1], p[2], p[3], p[4]));
+        i += 4;
+    }
+    if (i < n) {
+        const __m256d *q = p + 5 * ((i >> 2) & 1);
+        __m256i mk = mask_pd(n - i);
+        __m256d g = _mm256_maskload_pd(dy + i, mk), v = _mm256_maskload_pd(x + i, mk);
+        _mm256_maskstore_pd(dx + i, mk, gapply_pd(g, v, q[0], q[1], q[2], q[3], q[4]));
+    }
+}
+
+INLINE void lanes_pd(const double *v, int64_t w, __m256d *even, __m256d *odd)
+{
+    double t[8];
+    for (int l = 0; l < 8; l++) t[l] = v[l % w];
+    *even = _mm256_loadu_pd(t);
+    *odd = _mm256_loadu_pd(t + 4);
+}
+
+static void stats_run_f64(const double *x, int64_t n, double shift, double *acc)
+{
+    __m256d s = _mm256_set1_pd(shift);
+    const __m256d sh[2] = {s, s};
+    acc4 a, b;
+    stats_flat_pd(x, n, sh, &a, &b);
+    acc[0] = hsum_pd(_mm256_add_pd(a.s1, b.s1));
+    acc[1] = hsum_pd(_mm256_add_pd(a.s2, b.s2));
+}
+
+static void stats_rows_f64(const double *x, int64_t rows, int64_t w, const double *shift, double *acc)
+{
+    if (w <= 0) return;
+    if (8 % w == 0) {
+        __m256d sh[2];
+        double s1[8], s2[8];
+        lanes_pd(shift, w, &sh[0], &sh[1]);
+        acc4 a, b;
+        stats_flat_pd(x, rows * w, sh, &a, &b);
+        _mm256_storeu_pd(s1, a.s1);
+        _mm256_storeu_pd(s1 + 4, b.s1);
+        _mm256_storeu_pd(s2, a.s2);
+        _mm256_storeu_pd(s2 + 4, b.s2);
+        fold_lanes(s1, 8, w, acc);
+        fold_lanes(s2, 8, w, acc + w);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)3, cnt = w - full;
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    acc4 t = acc4_zero();
+    __m256i mk = mask_pd(cnt);
+    __m256d ts = cnt ? _mm256_maskload_pd(shift + full, mk) : _mm256_setzero_pd();
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const double *x0 = x + r * w, *x1 = x0 + w;
+        for (int64_t j = 0; j < full; j += 4) {
+            acc4 c = {_mm256_loadu_pd(acc + j), _mm256_loadu_pd(acc + w + j)};
+            __m256d s = _mm256_loadu_pd(shift + j);
+            stats_step_pd(&c, _mm256_loadu_pd(x0 + j), s);
+            stats_step_pd(&c, _mm256_loadu_pd(x1 + j), s);
+            _mm256_storeu_pd(acc + j, c.s1);
+            _mm256_storeu_pd(acc + w + j, c.s2);
+        }
+        if (cnt) {
+            stats_step_pd(&t, _mm256_maskload_pd(x0 + full, mk), ts);
+            stats_step_pd(&t, _mm256_maskload_pd(x1 + full, mk), ts);
+        }
+    }
+    if (r < rows) {
+        const double *x0 = x + r * w;
+        for (int64_t j = 0; j < full; j += 4) {
+            acc4 c = {_mm256_loadu_pd(acc + j), _mm256_loadu_pd(acc + w + j)};
+            stats_step_pd(&c, _mm256_loadu_pd(x0 + j), _mm256_loadu_pd(shift + j));
+            _mm256_storeu_pd(acc + j, c.s1);
+            _mm256_storeu_pd(acc + w + j, c.s2);
+        }
+        if (cnt) stats_step_pd(&t, _mm256_maskload_pd(x0 + full, mk), ts);
+    }
+    if (cnt) {
+        _mm256_maskstore_pd(acc + full, mk, t.s1);
+        _mm256_maskstore_pd(acc + w + full, mk, t.s2);
+    }
+}
+
+static void apply_run_f64(const double *x, double *y, int64_t n, const cfbn_apply_f64 *p)
+{
+    __m256d m = _mm256_set1_pd(p->mhi[0]), l = _mm256_set1_pd(p->mlo[0]);
+    __m256d a = _mm256_set1_pd(p->alpha[0]), b = _mm256_set1_pd(p->beta[0]);
+    const __m256d q[8] = {m, l, a, b, m, l, a, b};
+    apply_flat_pd(x, y, n, q);
+}
+
+static void apply_rows_f64(const double *x, double *y, int64_t rows, int64_t w, const cfbn_apply_f64 *p)
+{
+    if (w <= 0) return;
+    if (8 % w == 0) {
+        __m256d q[8];
+        lanes_pd(p->mhi, w, &q[0], &q[4]);
+        lanes_pd(p->mlo, w, &q[1], &q[5]);
+        lanes_pd(p->alpha, w, &q[2], &q[6]);
+        lanes_pd(p->beta, w, &q[3], &q[7]);
+        apply_flat_pd(x, y, rows * w, q);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)3, cnt = w - full;
+    __m256i mk = mask_pd(cnt);
+    __m256d tm = _mm256_setzero_pd(), tl = tm, ta = tm, tb = tm;
+    if (cnt) {
+        tm = ldpart_pd(p->mhi + full, cnt);
+        tl = ldpart_pd(p->mlo + full, cnt);
+        ta = ldpart_pd(p->alpha + full, cnt);
+        tb = ldpart_pd(p->beta + full, cnt);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const double *xr = x + r * w;
+        double *yr = y + r * w;
+        for (int64_t j = 0; j < full; j += 4)
+            _mm256_storeu_pd(yr + j, apply_pd(_mm256_loadu_pd(xr + j), _mm256_loadu_pd(p->mhi + j),
+                                              _mm256_loadu_pd(p->mlo + j), _mm256_loadu_pd(p->alpha + j),
+                                              _mm256_loadu_pd(p->beta + j)));
+        if (cnt) _mm256_maskstore_pd(yr + full, mk, apply_pd(_mm256_maskload_pd(xr + full, mk), tm, tl, ta, tb));
+    }
+}
+
+static void gstats_run_f64(const double *dy, const double *x, int64_t n, const cfbn_grad_f64 *p, double *acc)
+{
+    __m256d m = _mm256_set1_pd(p->mhi[0]), l = _mm256_set1_pd(p->mlo[0]);
+    const __m256d q[4] = {m, l, m, l};
+    acc4 a, b;
+    gstats_flat_pd(dy, x, n, q, &a, &b);
+    acc[0] = hsum_pd(_mm256_add_pd(a.s1, b.s1));
+    acc[1] = hsum_pd(_mm256_add_pd(a.s2, b.s2));
+}
+
+static void gstats_rows_f64(const double *dy, const double *x, int64_t rows, int64_t w, const cfbn_grad_f64 *p, double *acc)
+{
+    if (w <= 0) return;
+    if (8 % w == 0) {
+        __m256d q[4];
+        double s1[8], s2[8];
+        lanes_pd(p->mhi, w, &q[0], &q[2]);
+        lanes_pd(p->mlo, w, &q[1], &q[3]);
+        acc4 a, b;
+        gstats_flat_pd(dy, x, rows * w, q, &a, &b);
+        _mm256_storeu_pd(s1, a.s1);
+        _mm256_storeu_pd(s1 + 4, b.s1);
+        _mm256_storeu_pd(s2, a.s2);
+        _mm256_storeu_pd(s2 + 4, b.s2);
+        fold_lanes(s1, 8, w, acc);
+        fold_lanes(s2, 8, w, acc + w);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)3, cnt = w - full;
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    acc4 t = acc4_zero();
+    __m256i mk = mask_pd(cnt);
+    __m256d tm = _mm256_setzero_pd(), tl = tm;
+    if (cnt) {
+        tm = ldpart_pd(p->mhi + full, cnt);
+        tl = ldpart_pd(p->mlo + full, cnt);
+    }
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const double *x0 = x + r * w, *x1 = x0 + w, *g0 = dy + r * w, *g1 = g0 + w;
+        for (int64_t j = 0; j < full; j += 4) {
+            acc4 c = {_mm256_loadu_pd(acc + j), _mm256_loadu_pd(acc + w + j)};
+            __m256d m = _mm256_loadu_pd(p->mhi + j), l = _mm256_loadu_pd(p->mlo + j);
+            gstats_step_pd(&c, _mm256_loadu_pd(g0 + j), centered_pd(_mm256_loadu_pd(x0 + j), m, l));
+            gstats_step_pd(&c, _mm256_loadu_pd(g1 + j), centered_pd(_mm256_loadu_pd(x1 + j), m, l));
+            _mm256_storeu_pd(acc + j, c.s1);
+            _mm256_storeu_pd(acc + w + j, c.s2);
+        }
+        if (cnt) {
+            gstats_step_pd(&t, _mm256_maskload_pd(g0 + full, mk), centered_pd(_mm256_maskload_pd(x0 + full, mk), tm, tl));
+            gstats_step_pd(&t, _mm256_maskload_pd(g1 + full, mk), centered_pd(_mm256_maskload_pd(x1 + full, mk), tm, tl));
+        }
+    }
+    if (r < rows) {
+        const double *x0 = x + r * w, *g0 = dy + r * w;
+        for (int64_t j = 0; j < full; j += 4) {
+            acc4 c = {_mm256_loadu_pd(acc + j), _mm256_loadu_pd(acc + w + j)};
+            gstats_step_pd(&c, _mm256_loadu_pd(g0 + j),
+                           centered_pd(_mm256_loadu_pd(x0 + j), _mm256_loadu_pd(p->mhi + j), _mm256_loadu_pd(p->mlo + j)));
+            _mm256_storeu_pd(acc + j, c.s1);
+            _mm256_storeu_pd(acc + w + j, c.s2);
+        }
+        if (cnt)
+            gstats_step_pd(&t, _mm256_maskload_pd(g0 + full, mk), centered_pd(_mm256_maskload_pd(x0 + full, mk), tm, tl));
+    }
+    if (cnt) {
+        _mm256_maskstore_pd(acc + full, mk, t.s1);
+        _mm256_maskstore_pd(acc + w + full, mk, t.s2);
+    }
+}
+
+static void gapply_run_f64(const double *dy, const double *x, double *dx, int64_t n, const cfbn_grad_f64 *p)
+{
+    __m256d m = _mm256_set1_pd(p->mhi[0]), l = _mm256_set1_pd(p->mlo[0]);
+    __m256d a = _mm256_set1_pd(p->a[0]), b = _mm256_set1_pd(p->b[0]), c = _mm256_set1_pd(p->c[0]);
+    const __m256d q[10] = {m, l, a, b, c, m, l, a, b, c};
+    gapply_flat_pd(dy, x, dx, n, q);
+}
+
+static void gapply_rows_f64(const double *dy, const double *x, double *dx, int64_t rows, int64_t w, const cfbn_grad_f64 *p)
+{
+    if (w <= 0) return;
+    if (8 % w == 0) {
+        __m256d q[10];
+        lanes_pd(p->mhi, w, &q[0], &q[5]);
+        lanes_pd(p->mlo, w, &q[1], &q[6]);
+        lanes_pd(p->a, w, &q[2], &q[7]);
+        lanes_pd(p->b, w, &q[3], &q[8]);
+        lanes_pd(p->c, w, &q[4], &q[9]);
+        gapply_flat_pd(dy, x, dx, rows * w, q);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)3, cnt = w - full;
+    __m256i mk = mask_pd(cnt);
+    __m256d tm = _mm256_setzero_pd(), tl = tm, ta = tm, tb = tm, tc = tm;
+    if (cnt) {
+        tm = ldpart_pd(p->mhi + full, cnt);
+        tl = ldpart_pd(p->mlo + full, cnt);
+        ta = ldpart_pd(p->a + full, cnt);
+        tb = ldpart_pd(p->b + full, cnt);
+        tc = ldpart_pd(p->c + full, cnt);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const double *xr = x + r * w, *gr = dy + r * w;
+        double *o = dx + r * w;
+        for (int64_t j = 0; j < full; j += 4)
+            _mm256_storeu_pd(o + j, gapply_pd(_mm256_loadu_pd(gr + j), _mm256_loadu_pd(xr + j), _mm256_loadu_pd(p->mhi + j),
+                                              _mm256_loadu_pd(p->mlo + j), _mm256_loadu_pd(p->a + j),
+                                              _mm256_loadu_pd(p->b + j), _mm256_loadu_pd(p->c + j)));
+        if (cnt)
+            _mm256_maskstore_pd(o + full, mk, gapply_pd(_mm256_maskload_pd(gr + full, mk), _mm256_maskload_pd(xr + full, mk),
+                                                        tm, tl, ta, tb, tc));
+    }
+}
+
+const cfbn_kernels cfbn_kernels_avx2 = {
+    "avx2",
+    stats_run_f32, stats_rows_f32, apply_run_f32, apply_rows_f32,
+    gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
+    stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
+    gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
+    stats_run_f16, stats_rows_f16, apply_run_f16, apply_rows_f16,
+    gstats_run_f16, gstats_rows_f16, gapply_run_f16, gapply_rows_f16,
+};
+
+#endif

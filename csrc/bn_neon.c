@@ -1,0 +1,986 @@
+/* NEON kernels for the aarch64 baseline (Advanced SIMD and the half <-> float
+ * conversions are architectural there, so no feature test is needed).  Same
+ * contracts as bn_scalar.c; everything static except the table.
+ *
+ * f32 and f16 share their bodies (a constant `half` flag that always_inline
+ * folds away); f64 has its own.  Rows kernels whose width divides the stream
+ * period (8 floats, 4 doubles) run as one flat stream with per-lane
+ * parameters, because then every lane always sees the same column; other
+ * widths go row by row with a partial block at the end of each row. */
+#include "cfbn.h"
+
+#if defined(__aarch64__)
+
+#include <arm_neon.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* ---- masks: lanes [0, cnt) set ---- */
+
+INLINE uint32x4_t mask_s(int64_t cnt)
+{
+    static const uint32_t idx[4] = {0, 1, 2, 3};
+    return vcltq_u32(vld1q_u32(idx), vdupq_n_u32((uint32_t)cnt));
+}
+
+/* lanes of the low (part 0) or high (part 1) double pair of a 4-lane block */
+INLINE uint64x2_t mask_d(int64_t cnt, int part)
+{
+    static const uint64_t idx[4] = {0, 1, 2, 3};
+    return vcltq_u64(vld1q_u64(idx + 2 * part), vdupq_n_u64((uint64_t)cnt));
+}
+
+INLINE float32x4_t and_s(float32x4_t v, uint32x4_t m)
+{
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(v), m));
+}
+
+INLINE float64x2_t and_d(float64x2_t v, uint64x2_t m)
+{
+    return vreinterpretq_f64_u64(vandq_u64(vreinterpretq_u64_f64(v), m));
+}
+
+/* ---- f32 / f16 element access (4 lanes of float) ---- */
+
+INLINE float32x4_t ld4(const void *p, int64_t i, int half)
+{
+    if (half) return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)p + i)));
+    return vld1q_f32((const float *)p + i);
+}
+
+/* The first cnt (1..3) elements at p[i], zero in the other lanes.  avail is
+ * how many elements p[i..] holds: nothing past it is read, so a slice that
+ * ends at a page boundary never faults. */
+INLINE float32x4_t ld_part(const void *p, int64_t i, int64_t cnt, int64_t avail, int half)
+{
+    if (avail >= 4) return and_s(ld4(p, i, half), mask_s(cnt));
+    if (half) {
+        uint16_t buf[4] = {0};
+        memcpy(buf, (const uint16_t *)p + i, (size_t)cnt * sizeof *buf);
+        return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(buf)));
+    }
+    float buf[4] = {0};
+    memcpy(buf, (const float *)p + i, (size_t)cnt * sizeof *buf);
+    return vld1q_f32(buf);
+}
+
+INLINE void st4(void *p, int64_t i, float32x4_t v, int half)
+{
+    if (half) vst1_u16((uint16_t *)p + i, vreinterpret_u16_f16(vcvt_f16_f32(v)));
+    else vst1q_f32((float *)p + i, v);
+}
+
+/* Writes exactly cnt (1..3) elements: a neighbouring element may belong to
+ * another thread's piece (or be the next row's input when y aliases x). */
+INLINE void st_part(void *p, int64_t i, float32x4_t v, int64_t cnt, int half)
+{
+    if (half) {
+        uint16_t buf[4];
+        vst1_u16(buf, vreinterpret_u16_f16(vcvt_f16_f32(v)));
+        memcpy((uint16_t *)p + i, buf, (size_t)cnt * sizeof *buf);
+    } else {
+        float buf[4];
+        vst1q_f32(buf, v);
+        memcpy((float *)p + i, buf, (size_t)cnt * sizeof *buf);
+    }
+}
+
+/* Double sums for 4 float lanes: s1 = sum d or sum dy, s2 = sum d^2 or sum dy*d. */
+typedef struct {
+    float64x2_t s1lo, s1hi, s2lo, s2hi;
+} acc4;
+
+INLINE acc4 acc4_zero(void)
+{
+    float64x2_t z = vdupq_n_f64(0.0);
+    acc4 a = {z, z, z, z};
+    return a;
+}
+
+INLINE acc4 acc4_add(acc4 a, acc4 b)
+{
+    acc4 r = {vaddq_f64(a.s1lo, b.s1lo), vaddq_f64(a.s1hi, b.s1hi), vaddq_f64(a.s2lo, b.s2lo), vaddq_f64(a.s2hi, b.s2hi)};
+    return r;
+}
+
+INLINE acc4 acc4_load(const double *s1, const double *s2)
+{
+    acc4 a = {vld1q_f64(s1), vld1q_f64(s1 + 2), vld1q_f64(s2), vld1q_f64(s2 + 2)};
+    return a;
+}
+
+INLINE void acc4_store(const acc4 *a, double *s1, double *s2)
+{
+    vst1q_f64(s1, a->s1lo);
+    vst1q_f64(s1 + 2, a->s1hi);
+    vst1q_f64(s2, a->s2lo);
+    vst1q_f64(s2 + 2, a->s2hi);
+}
+
+/* The shift is subtracted in double: x - shift is exact there for any float
+ * x near the shift, which keeps sum d^2 free of cancellation. */
+INLINE void stats_step(acc4 *a, float32x4_t x, float64x2_t shlo, float64x2_t shhi)
+{
+    float64x2_t dlo = vsubq_f64(vcvt_f64_f32(vget_low_f32(x)), shlo);
+    float64x2_t dhi = vsubq_f64(vcvt_high_f64_f32(x), shhi);
+    a->s1lo = vaddq_f64(a->s1lo, dlo);
+    a->s1hi = vaddq_f64(a->s1hi, dhi);
+    a->s2lo = vfmaq_f64(a->s2lo, dlo, dlo);
+    a->s2hi = vfmaq_f64(a->s2hi, dhi, dhi);
+}
+
+INLINE void gstats_step(acc4 *a, float32x4_t g, float32x4_t d)
+{
+    float64x2_t glo = vcvt_f64_f32(vget_low_f32(g)), ghi = vcvt_high_f64_f32(g);
+    a->s1lo = vaddq_f64(a->s1lo, glo);
+    a->s1hi = vaddq_f64(a->s1hi, ghi);
+    a->s2lo = vfmaq_f64(a->s2lo, glo, vcvt_f64_f32(vget_low_f32(d)));
+    a->s2hi = vfmaq_f64(a->s2hi, ghi, vcvt_high_f64_f32(d));
+}
+
+/* Two subtractions in this order: x - mhi is exact when x is near the mean
+ * (Sterbenz), so a mean much larger than the spread loses nothing. */
+INLINE float32x4_t centered_s(float32x4_t x, float32x4_t mhi, float32x4_t mlo)
+{
+    return vsubq_f32(vsubq_f32(x, mhi), mlo);
+}
+
+INLINE float32x4_t apply_s(float32x4_t x, float32x4_t mhi, float32x4_t mlo, float32x4_t al, float32x4_t be)
+{
+    return vfmaq_f32(be, centered_s(x, mhi, mlo), al);
+}
+
+INLINE float32x4_t gapply_s(float32x4_t g, float32x4_t x, float32x4_t mhi, float32x4_t mlo, float32x4_t a,
+                            float32x4_t b, float32x4_t c)
+{
+    return vfmaq_f32(vfmaq_f32(c, centered_s(x, mhi, mlo), b), g, a);
+}
+
+INLINE double sum_acc_s1(acc4 a) { return vaddvq_f64(vaddq_f64(a.s1lo, a.s1hi)); }
+INLINE double sum_acc_s2(acc4 a) { return vaddvq_f64(vaddq_f64(a.s2lo, a.s2hi)); }
+
+/* acc[j] = sum of lanes[l] over l = j, j + w, ... < period (w divides period) */
+static void fold_lanes(const double *lanes, int64_t period, int64_t w, double *acc)
+{
+    for (int64_t j = 0; j < w; j++) {
+        double s = 0.0;
+        for (int64_t l = j; l < period; l += w) s += lanes[l];
+        acc[j] = s;
+    }
+}
+
+/* ---- f32 / f16 flat streams: 4-element blocks with an even index use the
+ * first parameter set, odd blocks the second ---- */
+
+/* sh: shift lanes lo, hi of even blocks, then of odd blocks */
+INLINE void stats_flat_s(const void *x, int64_t n, const float64x2_t *sh, int half, acc4 *ea, acc4 *oa)
+{
+    acc4 a0 = acc4_zero(), b0 = acc4_zero(), a1 = acc4_zero(), b1 = acc4_zero();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        stats_step(&a0, ld4(x, i, half), sh[0], sh[1]);
+        stats_step(&b0, ld4(x, i + 4, half), sh[2], sh[3]);
+        stats_step(&a1, ld4(x, i + 8, half), sh[0], sh[1]);
+        stats_step(&b1, ld4(x, i + 12, half), sh[2], sh[3]);
+    }
+    for (; i + 4 <= n; i += 4) {
+        if ((i >> 2) & 1) stats_step(&b1, ld4(x, i, half), sh[2], sh[3]);
+        else stats_step(&a1, ld4(x, i, half), sh[0], sh[1]);
+    }
+    if (i < n) {
+        int64_t cnt = n - i;
+        float32x4_t v = ld_part(x, i, cnt, cnt, half);
+        uint64x2_t mlo = mask_d(cnt, 0), mhi = mask_d(cnt, 1);
+        /* dead lanes: x reads as 0 and the shift is masked to 0, so d = 0 */
+        if ((i >> 2) & 1) stats_step(&b1, v, and_d(sh[2], mlo), and_d(sh[3], mhi));
+        else stats_step(&a1, v, and_d(sh[0], mlo), and_d(sh[1], mhi));
+    }
+    *ea = acc4_add(a0, a1);
+    *oa = acc4_add(b0, b1);
+}
+
+/* m: mhi, mlo of even blocks, then of odd blocks */
+INLINE void gstats_flat_s(const void *dy, const void *x, int64_t n, const float32x4_t *m, int half, acc4 *ea, acc4 *oa)
+{
+    acc4 a0 = acc4_zero(), b0 = acc4_zero(), a1 = acc4_zero(), b1 = acc4_zero();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        gstats_step(&a0, ld4(dy, i, half), centered_s(ld4(x, i, half), m[0], m[1]));
+        gstats_step(&b0, ld4(dy, i + 4, half), centered_s(ld4(x, i + 4, half), m[2], m[3]));
+        gstats_step(&a1, ld4(dy, i + 8, half), centered_s(ld4(x, i + 8, half), m[0], m[1]));
+        gstats_step(&b1, ld4(dy, i + 12, half), centered_s(ld4(x, i + 12, half), m[2], m[3]));
+    }
+    for (; i + 4 <= n; i += 4) {
+        if ((i >> 2) & 1) gstats_step(&b1, ld4(dy, i, half), centered_s(ld4(x, i, half), m[2], m[3]));
+        else gstats_step(&a1, ld4(dy, i, half), centered_s(ld4(x, i, half), m[0], m[1]));
+    }
+    if (i < n) {
+        int64_t cnt = n - i;
+        uint32x4_t mk = mask_s(cnt);
+        float32x4_t g = ld_part(dy, i, cnt, cnt, half), v = ld_part(x, i, cnt, cnt, half);
+        /* dead lanes: dy = 0 and d = 0, so even an inf mean adds nothing */
+        if ((i >> 2) & 1) gstats_step(&b1, g, centered_s(v, and_s(m[2], mk), and_s(m[3], mk)));
+        else gstats_step(&a1, g, centered_s(v, and_s(m[0], mk), and_s(m[1], mk)));
+    }
+    *ea = acc4_add(a0, a1);
+    *oa = acc4_add(b0, b1);
+}
+
+/* p: mhi, mlo, alpha, beta of even blocks, then of odd blocks */
+INLINE void apply_flat_s(const void *x, void *y, int64_t n, const float32x4_t *p, int half)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        float32x4_t v0 = ld4(x, i, half), v1 = ld4(x, i + 4, half);
+        float32x4_t v2 = ld4(x, i + 8, half), v3 = ld4(x, i + 12, half);
+        st4(y, i, apply_s(v0, p[0], p[1], p[2], p[3]), half);
+        st4(y, i + 4, apply_s(v1, p[4], p[5], p[6], p[7]), half);
+        st4(y, i + 8, apply_s(v2, p[0], p[1], p[2], p[3]), half);
+        st4(y, i + 12, apply_s(v3, p[4], p[5], p[6], p[7]), half);
+    }
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t *q = p + 4 * ((i >> 2) & 1);
+        st4(y, i, apply_s(ld4(x, i, half), q[0], q[1], q[2], q[3]), half);
+    }
+    if (i < n) {
+        const float32x4_t *q = p + 4 * ((i >> 2) & 1);
+        st_part(y, i, apply_s(ld_part(x, i, n - i, n - i, half), q[0], q[1], q[2], q[3]), n - i, half);
+    }
+}
+
+/* p: mhi, mlo, a, b, c of even blocks, then of odd blocks */
+INLINE void gapply_flat_s(const void *dy, const void *x, void *dx, int64_t n, const float32x4_t *p, int half)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        float32x4_t g0 = ld4(dy, i, half), g1 = ld4(dy, i + 4, half);
+        float32x4_t v0 = ld4(x, i, half), v1 = ld4(x, i + 4, half);
+        st4(dx, i, gapply_s(g0, v0, p[0], p[1], p[2], p[3], p[4]), half);
+        st4(dx, i + 4, gapply_s(g1, v1, p[5], p[6], p[7], p[8], p[9]), half);
+    }
+    if (i + 4 <= n) {
+        st4(dx, i, gapply_s(ld4(dy, i, half), ld4(x, i, half), p[0], p[1], p[2], p[3], p[4]), half);
+        i += 4;
+    }
+    if (i < n) {
+        const float32x4_t *q = p + 5 * ((i >> 2) & 1);
+        int64_t cnt = n - i;
+        float32x4_t g = ld_part(dy, i, cnt, cnt, half), v = ld_part(x, i, cnt, cnt, half);
+        st_part(dx, i, gapply_s(g, v, q[0], q[1], q[2], q[3], q[4]), cnt, half);
+    }
+}
+
+/* Per-lane parameter vectors for a width w that divides 8: lane l of the
+ * flat stream belongs to column l % w. */
+INLINE void lanes_s(const float *v, int64_t w, float32x4_t *even, float32x4_t *odd)
+{
+    float t[8];
+    for (int l = 0; l < 8; l++) t[l] = v[l % w];
+    *even = vld1q_f32(t);
+    *odd = vld1q_f32(t + 4);
+}
+
+/* Loads p[0..cnt) (cnt 1..3) zero-padded, reading nothing past p[cnt). */
+INLINE float32x4_t ldparam_s(const float *p, int64_t cnt)
+{
+    float buf[4] = {0};
+    memcpy(buf, p, (size_t)cnt * sizeof *buf);
+    return vld1q_f32(buf);
+}
+
+INLINE void ldparam_d(const double *p, int64_t cnt, float64x2_t *lo, float64x2_t *hi)
+{
+    double buf[4] = {0};
+    memcpy(buf, p, (size_t)cnt * sizeof *buf);
+    *lo = vld1q_f64(buf);
+    *hi = vld1q_f64(buf + 2);
+}
+
+INLINE void acc4_store_part(const acc4 *a, double *s1, double *s2, int64_t cnt)
+{
+    double b1[4], b2[4];
+    acc4_store(a, b1, b2);
+    memcpy(s1, b1, (size_t)cnt * sizeof *b1);
+    memcpy(s2, b2, (size_t)cnt * sizeof *b2);
+}
+
+/* ---- f32 / f16 kernel bodies ---- */
+
+INLINE void stats_run_s(const void *x, int64_t n, double shift, double *acc, int half)
+{
+    float64x2_t s = vdupq_n_f64(shift);
+    const float64x2_t sh[4] = {s, s, s, s};
+    acc4 a, b;
+    stats_flat_s(x, n, sh, half, &a, &b);
+    acc4 t = acc4_add(a, b);
+    acc[0] = sum_acc_s1(t);
+    acc[1] = sum_acc_s2(t);
+}
+
+INLINE void stats_rows_s(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int half)
+{
+    if (w <= 0) return;
+    if (8 % w == 0) {
+        double t[8], s1[8], s2[8];
+        for (int l = 0; l < 8; l++) t[l] = shift[l % w];
+        const float64x2_t sh[4] = {vld1q_f64(t), vld1q_f64(t + 2), vld1q_f64(t + 4), vld1q_f64(t + 6)};
+        acc4 a, b;
+        stats_flat_s(x, rows * w, sh, half, &a, &b);
+        acc4_store(&a, s1, s2);
+        acc4_store(&b, s1 + 4, s2 + 4);
+        fold_lanes(s1, 8, w, acc);
+        fold_lanes(s2, 8, w, acc + w);
+        return;
+    }
+    /* Full 4-column blocks accumulate in acc (L1-resident, two rows per
+     * load/store); the partial block sits at the same columns in every row,
+     * so its sums stay in registers. */
+    const int64_t full = w & ~(int64_t)3, cnt = w - full, n = rows * w;
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    acc4 t = acc4_zero();
+    float64x2_t tlo = vdupq_n_f64(0.0), thi = tlo;
+    if (cnt) ldparam_d(shift + full, cnt, &tlo, &thi);
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const int64_t o0 = r * w, o1 = o0 + w;
+        for (int64_t j = 0; j < full; j += 4) {
+            acc4 c = acc4_load(acc + j, acc + w + j);
+            float64x2_t slo = vld1q_f64(shift + j), shi = vld1q_f64(shift + j + 2);
+            stats_step(&c, ld4(x, o0 + j, half), slo, shi);
+            stats_step(&c, ld4(x, o1 + j, half), slo, shi);
+            acc4_store(&c, acc + j, acc + w + j);
+        }
+        if (cnt) {
+            stats_step(&t, ld_part(x, o0 + full, cnt, n - o0 - full, half), tlo, thi);
+            stats_step(&t, ld_part(x, o1 + full, cnt, n - o1 - full, half), tlo, thi);
+        }
+    }
+    if (r < rows) {
+        const int64_t o0 = r * w;
+        for (int64_t j = 0; j < full; j += 4) {
+            acc4 c = acc4_load(acc + j, acc + w + j);
+            stats_step(&c, ld4(x, o0 + j, half), vld1q_f64(shift + j), vld1q_f64(shift + j + 2));
+            acc4_store(&c, acc + j, acc + w + j);
+        }
+        if (cnt) stats_step(&t, ld_part(x, o0 + full, cnt, n - o0 - full, half), tlo, thi);
+    }
+    if (cnt) acc4_store_part(&t, acc + full, acc + w + full, cnt);
+}
+
+INLINE void apply_run_s(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int half)
+{
+    float32x4_t m = vdupq_n_f32(p->mhi[0]), l = vdupq_n_f32(p->mlo[0]);
+    float32x4_t a = vdupq_n_f32(p->alpha[0]), b = vdupq_n_f32(p->beta[0]);
+    const float32x4_t q[8] = {m, l, a, b, m, l, a, b};
+    apply_flat_s(x, y, n, q, half);
+}
+
+INLINE void apply_rows_s(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int half)
+{
+    if (w <= 0) return;
+    if (8 % w == 0) {
+        float32x4_t q[8];
+        lanes_s(p->mhi, w, &q[0], &q[4]);
+        lanes_s(p->mlo, w, &q[1], &q[5]);
+        lanes_s(p->alpha, w, &q[2], &q[6]);
+        lanes_s(p->beta, w, &q[3], &q[7]);
+        apply_flat_s(x, y, rows * w, q, half);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)3, cnt = w - full, n = rows * w;
+    float32x4_t tm = vdupq_n_f32(0.0f), tl = tm, ta = tm, tb = tm;
+    if (cnt) {
+        tm = ldparam_s(p->mhi + full, cnt);
+        tl = ldparam_s(p->mlo + full, cnt);
+        ta = ldparam_s(p->alpha + full, cnt);
+        tb = ldparam_s(p->beta + full, cnt);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += 4) {
+            float32x4_t v = apply_s(ld4(x, o + j, half), vld1q_f32(p->mhi + j), vld1q_f32(p->mlo + j),
+                                    vld1q_f32(p->alpha + j), vld1q_f32(p->beta + j));
+            st4(y, o + j, v, half);
+        }
+        if (cnt) {
+            float32x4_t v = ld_part(x, o + full, cnt, n - o - full, half);
+            st_part(y, o + full, apply_s(v, tm, tl, ta, tb), cnt, half);
+        }
+    }
+}
+
+INLINE void gstats_run_s(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int half)
+{
+    float32x4_t m = vdupq_n_f32(p->mhi[0]), l = vdupq_n_f32(p->mlo[0]);
+    const float32x4_t q[4] = {m, l, m, l};
+    acc4 a, b;
+    gstats_flat_s(dy, x, n, q, half, &a, &b);
+    acc4 t = acc4_add(a, b);
+    acc[0] = sum_acc_s1(t);
+    acc[1] = sum_acc_s2(t);
+}
+
+INLINE void gstats_rows_s(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc,
+                          int half)
+{
+    if (w <= 0) return;
+    if (8 % w == 0) {
+        float32x4_t q[4];
+        double s1[8], s2[8];
+        lanes_s(p->mhi, w, &q[0], &q[2]);
+        lanes_s(p->mlo, w, &q[1], &q[3]);
+        acc4 a, b;
+        gstats_flat_s(dy, x, rows * w, q, half, &a, &b);
+        acc4_store(&a, s1, s2);
+        acc4_store(&b, s1 + 4, s2 + 4);
+        fold_lanes(s1, 8, w, acc);
+        fold_lanes(s2, 8, w, acc + w);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)3, cnt = w - full, n = rows * w;
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    acc4 t = acc4_zero();
+    float32x4_t tm = vdupq_n_f32(0.0f), tl = tm;
+    if (cnt) {
+        tm = ldparam_s(p->mhi + full, cnt);
+        tl = ldparam_s(p->mlo + full, cnt);
+    }
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const int64_t o0 = r * w, o1 = o0 + w;
+        for (int64_t j = 0; j < full; j += 4) {
+            acc4 c = acc4_load(acc + j, acc + w + j);
+            float32x4_t m = vld1q_f32(p->mhi + j), l = vld1q_f32(p->mlo + j);
+            gstats_step(&c, ld4(dy, o0 + j, half), centered_s(ld4(x, o0 + j, half), m, l));
+            gstats_step(&c, ld4(dy, o1 + j, half), centered_s(ld4(x, o1 + j, half), m, l));
+            acc4_store(&c, acc + j, acc + w + j);
+        }
+        if (cnt) {
+            gstats_step(&t, ld_part(dy, o0 + full, cnt, n - o0 - full, half),
+                        centered_s(ld_part(x, o0 + full, cnt, n - o0 - full, half), tm, tl));
+            gstats_step(&t, ld_part(dy, o1 + full, cnt, n - o1 - full, half),
+                        centered_s(ld_part(x, o1 + full, cnt, n - o1 - full, half), tm, tl));
+        }
+    }
+    if (r < rows) {
+        const int64_t o0 = r * w;
+        for (int64_t j = 0; j < full; j += 4) {
+            acc4 c = acc4_load(acc + j, acc + w + j);
+            float32x4_t m = vld1q_f32(p->mhi + j), l = vld1q_f32(p->mlo + j);
+            gstats_step(&c, ld4(dy, o0 + j, half), centered_s(ld4(x, o0 + j, half), m, l));
+            acc4_store(&c, acc + j, acc + w + j);
+        }
+        if (cnt)
+            gstats_step(&t, ld_part(dy, o0 + full, cnt, n - o0 - full, half),
+                        centered_s(ld_part(x, o0 + full, cnt, n - o0 - full, half), tm, tl));
+    }
+    if (cnt) acc4_store_part(&t, acc + full, acc + w + full, cnt);
+}
+
+INLINE void gapply_run_s(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int half)
+{
+    float32x4_t m = vdupq_n_f32(p->mhi[0]), l = vdupq_n_f32(p->mlo[0]);
+    float32x4_t a = vdupq_n_f32(p->a[0]), b = vdupq_n_f32(p->b[0]), c = vdupq_n_f32(p->c[0]);
+    const float32x4_t q[10] = {m, l, a, b, c, m, l, a, b, c};
+    gapply_flat_s(dy, x, dx, n, q, half);
+}
+
+INLINE void gapply_rows_s(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                          int half)
+{
+    if (w <= 0) return;
+    if (8 % w == 0) {
+        float32x4_t q[10];
+        lanes_s(p->mhi, w, &q[0], &q[5]);
+        lanes_s(p->mlo, w, &q[1], &q[6]);
+        lanes_s(p->a, w, &q[2], &q[7]);
+        lanes_s(p->b, w, &q[3], &q[8]);
+        lanes_s(p->c, w, &q[4], &q[9]);
+        gapply_flat_s(dy, x, dx, rows * w, q, half);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)3, cnt = w - full, n = rows * w;
+    float32x4_t tm = vdupq_n_f32(0.0f), tl = tm, ta = tm, tb = tm, tc = tm;
+    if (cnt) {
+        tm = ldparam_s(p->mhi + full, cnt);
+        tl = ldparam_s(p->mlo + full, cnt);
+        ta = ldparam_s(p->a + full, cnt);
+        tb = ldparam_s(p->b + full, cnt);
+        tc = ldparam_s(p->c + full, cnt);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += 4) {
+            float32x4_t v = gapply_s(ld4(dy, o + j, half), ld4(x, o + j, half), vld1q_f32(p->mhi + j),
+                                     vld1q_f32(p->mlo + j), vld1q_f32(p->a + j), vld1q_f32(p->b + j),
+                                     vld1q_f32(p->c + j));
+            st4(dx, o + j, v, half);
+        }
+        if (cnt) {
+            float32x4_t g = ld_part(dy, o + full, cnt, n - o - full, half);
+            float32x4_t v = ld_part(x, o + full, cnt, n - o - full, half);
+            st_part(dx, o + full, gapply_s(g, v, tm, tl, ta, tb, tc), cnt, half);
+        }
+    }
+}
+
+/* ---- float32 ---- */
+
+static void stats_run_f32(const float *x, int64_t n, double shift, double *acc)
+{
+    stats_run_s(x, n, shift, acc, 0);
+}
+
+static void stats_rows_f32(const float *x, int64_t rows, int64_t w, const double *shift, double *acc)
+{
+    stats_rows_s(x, rows, w, shift, acc, 0);
+}
+
+static void apply_run_f32(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
+{
+    apply_run_s(x, y, n, p, 0);
+}
+
+static void apply_rows_f32(const float *x, float *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+{
+    apply_rows_s(x, y, rows, w, p, 0);
+}
+
+static void gstats_run_f32(const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+{
+    gstats_run_s(dy, x, n, p, acc, 0);
+}
+
+static void gstats_rows_f32(const float *dy, const float *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
+{
+    gstats_rows_s(dy, x, rows, w, p, acc, 0);
+}
+
+static void gapply_run_f32(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
+{
+    gapply_run_s(dy, x, dx, n, p, 0);
+}
+
+static void gapply_rows_f32(const float *dy, const float *x, float *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
+{
+    gapply_rows_s(dy, x, dx, rows, w, p, 0);
+}
+
+/* ---- float16 storage, float compute ---- */
+
+static void stats_run_f16(const uint16_t *x, int64_t n, double shift, double *acc)
+{
+    stats_run_s(x, n, shift, acc, 1);
+}
+
+static void stats_rows_f16(const uint16_t *x, int64_t rows, int64_t w, const double *shift, double *acc)
+{
+    stats_rows_s(x, rows, w, shift, acc, 1);
+}
+
+static void apply_run_f16(const uint16_t *x, uint16_t *y, int64_t n, const cfbn_apply_f32 *p)
+{
+    apply_run_s(x, y, n, p, 1);
+}
+
+static void apply_rows_f16(const uint16_t *x, uint16_t *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+{
+    apply_rows_s(x, y, rows, w, p, 1);
+}
+
+static void gstats_run_f16(const uint16_t *dy, const uint16_t *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+{
+    gstats_run_s(dy, x, n, p, acc, 1);
+}
+
+static void gstats_rows_f16(const uint16_t *dy, const uint16_t *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                            double *acc)
+{
+    gstats_rows_s(dy, x, rows, w, p, acc, 1);
+}
+
+static void gapply_run_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t n, const cfbn_grad_f32 *p)
+{
+    gapply_run_s(dy, x, dx, n, p, 1);
+}
+
+static void gapply_rows_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t rows, int64_t w,
+                            const cfbn_grad_f32 *p)
+{
+    gapply_rows_s(dy, x, dx, rows, w, p, 1);
+}
+
+/* ---- float64: 2 lanes; flat streams alternate two parameter sets over
+ * 2-element blocks, so widths dividing 4 see whole columns per lane ---- */
+
+typedef struct {
+    float64x2_t s1, s2;
+} acc2;
+
+INLINE acc2 acc2_zero(void)
+{
+    acc2 a = {vdupq_n_f64(0.0), vdupq_n_f64(0.0)};
+    return a;
+}
+
+INLINE acc2 acc2_add(acc2 a, acc2 b)
+{
+    acc2 r = {vaddq_f64(a.s1, b.s1), vaddq_f64(a.s2, b.s2)};
+    return r;
+}
+
+INLINE void stats_step_d(acc2 *a, float64x2_t x, float64x2_t sh)
+{
+    float64x2_t d = vsubq_f64(x, sh);
+    a->s1 = vaddq_f64(a->s1, d);
+    a->s2 = vfmaq_f64(a->s2, d, d);
+}
+
+INLINE float64x2_t centered_d(float64x2_t x, float64x2_t mhi, float64x2_t mlo)
+{
+    return vsubq_f64(vsubq_f64(x, mhi), mlo);
+}
+
+INLINE void gstats_step_d(acc2 *a, float64x2_t g, float64x2_t d)
+{
+    a->s1 = vaddq_f64(a->s1, g);
+    a->s2 = vfmaq_f64(a->s2, g, d);
+}
+
+INLINE float64x2_t apply_d(float64x2_t x, float64x2_t mhi, float64x2_t mlo, float64x2_t al, float64x2_t be)
+{
+    return vfmaq_f64(be, centered_d(x, mhi, mlo), al);
+}
+
+INLINE float64x2_t gapply_d(float64x2_t g, float64x2_t x, float64x2_t mhi, float64x2_t mlo, float64x2_t a,
+                            float64x2_t b, float64x2_t c)
+{
+    return vfmaq_f64(vfmaq_f64(c, centered_d(x, mhi, mlo), b), g, a);
+}
+
+/* the one element p[0] in lane 0, zero in lane 1 */
+INLINE float64x2_t ld1_d(const double *p) { return vsetq_lane_f64(p[0], vdupq_n_f64(0.0), 0); }
+
+/* sh[0] for even 2-blocks, sh[1] for odd; sums of even blocks in *ea */
+INLINE void stats_flat_d(const double *x, int64_t n, const float64x2_t *sh, acc2 *ea, acc2 *oa)
+{
+    acc2 a0 = acc2_zero(), b0 = acc2_zero(), a1 = acc2_zero(), b1 = acc2_zero();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        stats_step_d(&a0, vld1q_f64(x + i), sh[0]);
+        stats_step_d(&b0, vld1q_f64(x + i + 2), sh[1]);
+        stats_step_d(&a1, vld1q_f64(x + i + 4), sh[0]);
+        stats_step_d(&b1, vld1q_f64(x + i + 6), sh[1]);
+    }
+    for (; i + 2 <= n; i += 2) {
+        if ((i >> 1) & 1) stats_step_d(&b1, vld1q_f64(x + i), sh[1]);
+        else stats_step_d(&a1, vld1q_f64(x + i), sh[0]);
+    }
+    if (i < n) {
+        /* one element left: lane 1 of x and of the shift are 0, so d = 0 */
+        if ((i >> 1) & 1) stats_step_d(&b1, ld1_d(x + i), vsetq_lane_f64(0.0, sh[1], 1));
+        else stats_step_d(&a1, ld1_d(x + i), vsetq_lane_f64(0.0, sh[0], 1));
+    }
+    *ea = acc2_add(a0, a1);
+    *oa = acc2_add(b0, b1);
+}
+
+/* m: mhi, mlo of even 2-blocks, then of odd ones */
+INLINE void gstats_flat_d(const double *dy, const double *x, int64_t n, const float64x2_t *m, acc2 *ea, acc2 *oa)
+{
+    acc2 a0 = acc2_zero(), b0 = acc2_zero(), a1 = acc2_zero(), b1 = acc2_zero();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        gstats_step_d(&a0, vld1q_f64(dy + i), centered_d(vld1q_f64(x + i), m[0], m[1]));
+        gstats_step_d(&b0, vld1q_f64(dy + i + 2), centered_d(vld1q_f64(x + i + 2), m[2], m[3]));
+        gstats_step_d(&a1, vld1q_f64(dy + i + 4), centered_d(vld1q_f64(x + i + 4), m[0], m[1]));
+        gstats_step_d(&b1, vld1q_f64(dy + i + 6), centered_d(vld1q_f64(x + i + 6), m[2], m[3]));
+    }
+    for (; i + 2 <= n; i += 2) {
+        if ((i >> 1) & 1) gstats_step_d(&b1, vld1q_f64(dy + i), centered_d(vld1q_f64(x + i), m[2], m[3]));
+        else gstats_step_d(&a1, vld1q_f64(dy + i), centered_d(vld1q_f64(x + i), m[0], m[1]));
+    }
+    if (i < n) {
+        /* one element left: lane 1 gets dy = 0 and d = 0 */
+        const float64x2_t *q = m + 2 * ((i >> 1) & 1);
+        float64x2_t d = centered_d(ld1_d(x + i), vsetq_lane_f64(0.0, q[0], 1), vsetq_lane_f64(0.0, q[1], 1));
+        if ((i >> 1) & 1) gstats_step_d(&b1, ld1_d(dy + i), d);
+        else gstats_step_d(&a1, ld1_d(dy + i), d);
+    }
+    *ea = acc2_add(a0, a1);
+    *oa = acc2_add(b0, b1);
+}
+
+/* p: mhi, mlo, alpha, beta of even 2-blocks, then of odd ones */
+INLINE void apply_flat_d(const double *x, double *y, int64_t n, const float64x2_t *p)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        float64x2_t v0 = vld1q_f64(x + i), v1 = vld1q_f64(x + i + 2);
+        float64x2_t v2 = vld1q_f64(x + i + 4), v3 = vld1q_f64(x + i + 6);
+        vst1q_f64(y + i, apply_d(v0, p[0], p[1], p[2], p[3]));
+        vst1q_f64(y + i + 2, apply_d(v1, p[4], p[5], p[6], p[7]));
+        vst1q_f64(y + i + 4, apply_d(v2, p[0], p[1], p[2], p[3]));
+        vst1q_f64(y + i + 6, apply_d(v3, p[4], p[5], p[6], p[7]));
+    }
+    for (; i + 2 <= n; i += 2) {
+        const float64x2_t *q = p + 4 * ((i >> 1) & 1);
+        vst1q_f64(y + i, apply_d(vld1q_f64(x + i), q[0], q[1], q[2], q[3]));
+    }
+    if (i < n) {
+        const float64x2_t *q = p + 4 * ((i >> 1) & 1);
+        y[i] = vgetq_lane_f64(apply_d(ld1_d(x + i), q[0], q[1], q[2], q[3]), 0);
+    }
+}
+
+/* p: mhi, mlo, a, b, c of even 2-blocks, then of odd ones */
+INLINE void gapply_flat_d(const double *dy, const double *x, double *dx, int64_t n, const float64x2_t *p)
+{
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float64x2_t g0 = vld1q_f64(dy + i), g1 = vld1q_f64(dy + i + 2);
+        float64x2_t v0 = vld1q_f64(x + i), v1 = vld1q_f64(x + i + 2);
+        vst1q_f64(dx + i, gapply_d(g0, v0, p[0], p[1], p[2], p[3], p[4]));
+        vst1q_f64(dx + i + 2, gapply_d(g1, v1, p[5], p[6], p[7], p[8], p[9]));
+    }
+    if (i + 2 <= n) {
+        vst1q_f64(dx + i, gapply_d(vld1q_f64(dy + i), vld1q_f64(x + i), p[0], p[1], p[2], p[3], p[4]));
+        i += 2;
+    }
+    if (i < n) {
+        const float64x2_t *q = p + 5 * ((i >> 1) & 1);
+        dx[i] = vgetq_lane_f64(gapply_d(ld1_d(dy + i), ld1_d(x + i), q[0], q[1], q[2], q[3], q[4]), 0);
+    }
+}
+
+INLINE void lanes_d(const double *v, int64_t w, float64x2_t *even, float64x2_t *odd)
+{
+    double t[4];
+    for (int l = 0; l < 4; l++) t[l] = v[l % w];
+    *even = vld1q_f64(t);
+    *odd = vld1q_f64(t + 2);
+}
+
+static void stats_run_f64(const double *x, int64_t n, double shift, double *acc)
+{
+    float64x2_t s = vdupq_n_f64(shift);
+    const float64x2_t sh[2] = {s, s};
+    acc2 a, b;
+    stats_flat_d(x, n, sh, &a, &b);
+    acc2 t = acc2_add(a, b);
+    acc[0] = vaddvq_f64(t.s1);
+    acc[1] = vaddvq_f64(t.s2);
+}
+
+static void stats_rows_f64(const double *x, int64_t rows, int64_t w, const double *shift, double *acc)
+{
+    if (w <= 0) return;
+    if (4 % w == 0) {
+        float64x2_t sh[2];
+        double s1[4], s2[4];
+        lanes_d(shift, w, &sh[0], &sh[1]);
+        acc2 a, b;
+        stats_flat_d(x, rows * w, sh, &a, &b);
+        vst1q_f64(s1, a.s1);
+        vst1q_f64(s1 + 2, b.s1);
+        vst1q_f64(s2, a.s2);
+        vst1q_f64(s2 + 2, b.s2);
+        fold_lanes(s1, 4, w, acc);
+        fold_lanes(s2, 4, w, acc + w);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)1, cnt = w - full;
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    acc2 t = acc2_zero();
+    float64x2_t ts = cnt ? ld1_d(shift + full) : vdupq_n_f64(0.0);
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const double *x0 = x + r * w, *x1 = x0 + w;
+        for (int64_t j = 0; j < full; j += 2) {
+            acc2 c = {vld1q_f64(acc + j), vld1q_f64(acc + w + j)};
+            float64x2_t s = vld1q_f64(shift + j);
+            stats_step_d(&c, vld1q_f64(x0 + j), s);
+            stats_step_d(&c, vld1q_f64(x1 + j), s);
+            vst1q_f64(acc + j, c.s1);
+            vst1q_f64(acc + w + j, c.s2);
+        }
+        if (cnt) {
+            stats_step_d(&t, ld1_d(x0 + full), ts);
+            stats_step_d(&t, ld1_d(x1 + full), ts);
+        }
+    }
+    if (r < rows) {
+        const double *x0 = x + r * w;
+        for (int64_t j = 0; j < full; j += 2) {
+            acc2 c = {vld1q_f64(acc + j), vld1q_f64(acc + w + j)};
+            stats_step_d(&c, vld1q_f64(x0 + j), vld1q_f64(shift + j));
+            vst1q_f64(acc + j, c.s1);
+            vst1q_f64(acc + w + j, c.s2);
+        }
+        if (cnt) stats_step_d(&t, ld1_d(x0 + full), ts);
+    }
+    if (cnt) {
+        acc[full] = vgetq_lane_f64(t.s1, 0);
+        acc[w + full] = vgetq_lane_f64(t.s2, 0);
+    }
+}
+
+static void apply_run_f64(const double *x, double *y, int64_t n, const cfbn_apply_f64 *p)
+{
+    float64x2_t m = vdupq_n_f64(p->mhi[0]), l = vdupq_n_f64(p->mlo[0]);
+    float64x2_t a = vdupq_n_f64(p->alpha[0]), b = vdupq_n_f64(p->beta[0]);
+    const float64x2_t q[8] = {m, l, a, b, m, l, a, b};
+    apply_flat_d(x, y, n, q);
+}
+
+static void apply_rows_f64(const double *x, double *y, int64_t rows, int64_t w, const cfbn_apply_f64 *p)
+{
+    if (w <= 0) return;
+    if (4 % w == 0) {
+        float64x2_t q[8];
+        lanes_d(p->mhi, w, &q[0], &q[4]);
+        lanes_d(p->mlo, w, &q[1], &q[5]);
+        lanes_d(p->alpha, w, &q[2], &q[6]);
+        lanes_d(p->beta, w, &q[3], &q[7]);
+        apply_flat_d(x, y, rows * w, q);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)1, cnt = w - full;
+    float64x2_t tm = vdupq_n_f64(0.0), tl = tm, ta = tm, tb = tm;
+    if (cnt) {
+        tm = ld1_d(p->mhi + full);
+        tl = ld1_d(p->mlo + full);
+        ta = ld1_d(p->alpha + full);
+        tb = ld1_d(p->beta + full);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const double *xr = x + r * w;
+        double *yr = y + r * w;
+        for (int64_t j = 0; j < full; j += 2)
+            vst1q_f64(yr + j, apply_d(vld1q_f64(xr + j), vld1q_f64(p->mhi + j), vld1q_f64(p->mlo + j),
+                                      vld1q_f64(p->alpha + j), vld1q_f64(p->beta + j)));
+        if (cnt) yr[full] = vgetq_lane_f64(apply_d(ld1_d(xr + full), tm, tl, ta, tb), 0);
+    }
+}
+
+static void gstats_run_f64(const double *dy, const double *x, int64_t n, const cfbn_grad_f64 *p, double *acc)
+{
+    float64x2_t m = vdupq_n_f64(p->mhi[0]), l = vdupq_n_f64(p->mlo[0]);
+    const float64x2_t q[4] = {m, l, m, l};
+    acc2 a, b;
+    gstats_flat_d(dy, x, n, q, &a, &b);
+    acc2 t = acc2_add(a, b);
+    acc[0] = vaddvq_f64(t.s1);
+    acc[1] = vaddvq_f64(t.s2);
+}
+
+static void gstats_rows_f64(const double *dy, const double *x, int64_t rows, int64_t w, const cfbn_grad_f64 *p, double *acc)
+{
+    if (w <= 0) return;
+    if (4 % w == 0) {
+        float64x2_t q[4];
+        double s1[4], s2[4];
+        lanes_d(p->mhi, w, &q[0], &q[2]);
+        lanes_d(p->mlo, w, &q[1], &q[3]);
+        acc2 a, b;
+        gstats_flat_d(dy, x, rows * w, q, &a, &b);
+        vst1q_f64(s1, a.s1);
+        vst1q_f64(s1 + 2, b.s1);
+        vst1q_f64(s2, a.s2);
+        vst1q_f64(s2 + 2, b.s2);
+        fold_lanes(s1, 4, w, acc);
+        fold_lanes(s2, 4, w, acc + w);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)1, cnt = w - full;
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    acc2 t = acc2_zero();
+    float64x2_t tm = vdupq_n_f64(0.0), tl = tm;
+    if (cnt) {
+        tm = ld1_d(p->mhi + full);
+        tl = ld1_d(p->mlo + full);
+    }
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const double *x0 = x + r * w, *x1 = x0 + w, *g0 = dy + r * w, *g1 = g0 + w;
+        for (int64_t j = 0; j < full; j += 2) {
+            acc2 c = {vld1q_f64(acc + j), vld1q_f64(acc + w + j)};
+            float64x2_t m = vld1q_f64(p->mhi + j), l = vld1q_f64(p->mlo + j);
+            gstats_step_d(&c, vld1q_f64(g0 + j), centered_d(vld1q_f64(x0 + j), m, l));
+            gstats_step_d(&c, vld1q_f64(g1 + j), centered_d(vld1q_f64(x1 + j), m, l));
+            vst1q_f64(acc + j, c.s1);
+            vst1q_f64(acc + w + j, c.s2);
+        }
+        if (cnt) {
+            gstats_step_d(&t, ld1_d(g0 + full), centered_d(ld1_d(x0 + full), tm, tl));
+            gstats_step_d(&t, ld1_d(g1 + full), centered_d(ld1_d(x1 + full), tm, tl));
+        }
+    }
+    if (r < rows) {
+        const double *x0 = x + r * w, *g0 = dy + r * w;
+        for (int64_t j = 0; j < full; j += 2) {
+            acc2 c = {vld1q_f64(acc + j), vld1q_f64(acc + w + j)};
+            gstats_step_d(&c, vld1q_f64(g0 + j), centered_d(vld1q_f64(x0 + j), vld1q_f64(p->mhi + j), vld1q_f64(p->mlo + j)));
+            vst1q_f64(acc + j, c.s1);
+            vst1q_f64(acc + w + j, c.s2);
+        }
+        if (cnt) gstats_step_d(&t, ld1_d(g0 + full), centered_d(ld1_d(x0 + full), tm, tl));
+    }
+    if (cnt) {
+        acc[full] = vgetq_lane_f64(t.s1, 0);
+        acc[w + full] = vgetq_lane_f64(t.s2, 0);
+    }
+}
+
+static void gapply_run_f64(const double *dy, const double *x, double *dx, int64_t n, const cfbn_grad_f64 *p)
+{
+    float64x2_t m = vdupq_n_f64(p->mhi[0]), l = vdupq_n_f64(p->mlo[0]);
+    float64x2_t a = vdupq_n_f64(p->a[0]), b = vdupq_n_f64(p->b[0]), c = vdupq_n_f64(p->c[0]);
+    const float64x2_t q[10] = {m, l, a, b, c, m, l, a, b, c};
+    gapply_flat_d(dy, x, dx, n, q);
+}
+
+static void gapply_rows_f64(const double *dy, const double *x, double *dx, int64_t rows, int64_t w, const cfbn_grad_f64 *p)
+{
+    if (w <= 0) return;
+    if (4 % w == 0) {
+        float64x2_t q[10];
+        lanes_d(p->mhi, w, &q[0], &q[5]);
+        lanes_d(p->mlo, w, &q[1], &q[6]);
+        lanes_d(p->a, w, &q[2], &q[7]);
+        lanes_d(p->b, w, &q[3], &q[8]);
+        lanes_d(p->c, w, &q[4], &q[9]);
+        gapply_flat_d(dy, x, dx, rows * w, q);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)1, cnt = w - full;
+    float64x2_t tm = vdupq_n_f64(0.0), tl = tm, ta = tm, tb = tm, tc = tm;
+    if (cnt) {
+        tm = ld1_d(p->mhi + full);
+        tl = ld1_d(p->mlo + full);
+        ta = ld1_d(p->a + full);
+        tb = ld1_d(p->b + full);
+        tc = ld1_d(p->c + full);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const double *xr = x + r * w, *gr = dy + r * w;
+        double *o = dx + r * w;
+        for (int64_t j = 0; j < full; j += 2)
+            vst1q_f64(o + j, gapply_d(vld1q_f64(gr + j), vld1q_f64(xr + j), vld1q_f64(p->mhi + j), vld1q_f64(p->mlo + j),
+                                      vld1q_f64(p->a + j), vld1q_f64(p->b + j), vld1q_f64(p->c + j)));
+        if (cnt) o[full] = vgetq_lane_f64(gapply_d(ld1_d(gr + full), ld1_d(xr + full), tm, tl, ta, tb, tc), 0);
+    }
+}
+
+const cfbn_kernels cfbn_kernels_neon = {
+    "neon",
+    stats_run_f32, stats_rows_f32, apply_run_f32, apply_rows_f32,
+    gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
+    stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
+    gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
+    stats_run_f16, stats_rows_f16, apply_run_f16, apply_rows_f16,
+    gstats_run_f16, gstats_rows_f16, gapply_run_f16, gapply_rows_f16,
+};
+
+#endif

@@ -1,0 +1,446 @@
+/* Compares every kernel of an ISA table with the scalar reference table on
+ * random data.
+ *
+ *   - Inputs (data and parameter arrays) end exactly at a page boundary
+ *     followed by a PROT_NONE page, so any read past the end faults.
+ *   - Outputs are NaN-filled before each call (every element must be
+ *     written) and framed by guard elements (none may be touched).
+ *   - apply/gapply may differ from scalar by FMA contraction: the tolerance
+ *     is two ulps of the sum of the magnitudes of the terms (plus one ulp of
+ *     the result for half, whose final rounding may then flip).
+ *   - stats/gstats sums may differ by summation order: 2e-12 relative to the
+ *     sum of the magnitudes of the terms.
+ *
+ * Build with CFBN_HAVE_AVX2 and/or CFBN_HAVE_NEON and the matching ISA file;
+ * with neither it only checks the scalar table against itself. */
+#define _DEFAULT_SOURCE   /* mmap flags and sysconf under -std=c11 */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "cfbn.h"
+#include "half.h"
+
+enum { K_STATS, K_APPLY, K_GSTATS, K_GAPPLY };
+static const char *kname[] = {"stats", "apply", "gstats", "gapply"};
+static const char *dname[] = {"f32", "f64", "f16"};
+static const size_t esize[] = {4, 8, 2};
+
+static long n_pass, n_fail;
+
+/* ---- random numbers ---- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rng_next(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double rng_uniform(void) { return ((double)(rng_next() >> 11) + 0.5) * 0x1p-53; }
+
+static double rng_normal(void)
+{
+    return sqrt(-2.0 * log(rng_uniform())) * cos(6.283185307179586 * rng_uniform());
+}
+
+/* ---- memory ---- */
+
+typedef struct {
+    void *base;
+    size_t len;
+} region;
+
+/* bytes of memory that end where an inaccessible page begins */
+static void *alloc_guarded(size_t bytes, region *rg)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    size_t body = (bytes + pg - 1) / pg * pg;
+    char *b = mmap(NULL, body + pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (b == MAP_FAILED || mprotect(b + body, pg, PROT_NONE) != 0) {
+        perror("mmap");
+        exit(2);
+    }
+    rg->base = b;
+    rg->len = body + pg;
+    return b + body - bytes;
+}
+
+static void free_guarded(region *rg) { munmap(rg->base, rg->len); }
+
+#define GUARD 16
+static const unsigned char GUARD_BYTE = 0xa5;
+
+/* Output buffer: GUARD elements of GUARD_BYTE either side; one element of
+ * misalignment so no ISA can rely on vector-aligned outputs. */
+typedef struct {
+    unsigned char *raw;
+    unsigned char *p;
+    size_t bytes, es;
+} outbuf;
+
+static void out_init(outbuf *o, size_t count, size_t es)
+{
+    o->es = es;
+    o->bytes = count * es;
+    o->raw = malloc(o->bytes + (2 * GUARD + 1) * es);
+    if (!o->raw) exit(2);
+    o->p = o->raw + (GUARD + 1) * es;
+    memset(o->raw, GUARD_BYTE, o->bytes + (2 * GUARD + 1) * es);
+}
+
+static void out_poison(outbuf *o)
+{
+    memset(o->raw, GUARD_BYTE, o->bytes + (2 * GUARD + 1) * o->es);
+    size_t n = o->bytes / o->es;
+    for (size_t i = 0; i < n; i++) {
+        if (o->es == 8) {
+            double v = NAN;
+            memcpy(o->p + i * 8, &v, 8);
+        } else if (o->es == 4) {
+            float v = NAN;
+            memcpy(o->p + i * 4, &v, 4);
+        } else {
+            uint16_t v = 0x7e00;
+            memcpy(o->p + i * 2, &v, 2);
+        }
+    }
+}
+
+static int out_guards_ok(const outbuf *o)
+{
+    for (size_t i = 0; i < (GUARD + 1) * o->es; i++)
+        if (o->raw[i] != GUARD_BYTE) return 0;
+    for (size_t i = 0; i < GUARD * o->es; i++)
+        if (o->p[o->bytes + i] != GUARD_BYTE) return 0;
+    return 1;
+}
+
+static void out_free(outbuf *o) { free(o->raw); }
+
+/* ---- typed values ---- */
+
+static double get(int dt, const void *p, int64_t i)
+{
+    if (dt == CFBN_F32) return ((const float *)p)[i];
+    if (dt == CFBN_F64) return ((const double *)p)[i];
+    return cfbn_half_to_float(((const uint16_t *)p)[i]);
+}
+
+static void put(int dt, void *p, int64_t i, double v)
+{
+    if (dt == CFBN_F32) ((float *)p)[i] = (float)v;
+    else if (dt == CFBN_F64) ((double *)p)[i] = v;
+    else ((uint16_t *)p)[i] = cfbn_float_to_half((float)v);
+}
+
+/* x - mhi - mlo as the kernels form it: in float for f32/f16, double for f64 */
+static double centered(int dt, double x, double mhi, double mlo)
+{
+    if (dt == CFBN_F64) return (x - mhi) - mlo;
+    float d = ((float)x - (float)mhi) - (float)mlo;
+    return d;
+}
+
+/* ---- one test case: inputs and parameters ---- */
+
+typedef struct {
+    int dt;
+    int rows_kind;          /* 0: run of n, 1: rows x w */
+    int64_t rows, w, n;     /* n = total elements; for runs w = 1 for parameters */
+    void *x, *dy;           /* guarded typed inputs */
+    double *shift;          /* guarded, w entries (run: 1) */
+    void *mhi, *mlo, *pa, *pb, *pc;   /* guarded, typed float or double, w entries */
+    region rg[8];
+} tcase;
+
+static void *alloc_param(tcase *t, int slot, const double *v, int64_t w)
+{
+    int pdt = t->dt == CFBN_F64 ? CFBN_F64 : CFBN_F32;
+    void *p = alloc_guarded((size_t)w * esize[pdt], &t->rg[slot]);
+    for (int64_t j = 0; j < w; j++) put(pdt, p, j, v[j]);
+    return p;
+}
+
+/* scenario 0: mean 0, std 1, shift and mean at the data
+ *          1: mean 1e4, std 1, shift and mean at the data
+ *          2: mean 1e4, std 1, shift and mean far (0)
+ *          3: mean -3, std 50, shift a sample, mean slightly off */
+static void case_make(tcase *t, int dt, int rows_kind, int64_t rows, int64_t w, int scenario)
+{
+    memset(t, 0, sizeof *t);
+    t->dt = dt;
+    t->rows_kind = rows_kind;
+    t->rows = rows;
+    t->w = w;
+    t->n = rows * w;
+    int64_t np = rows_kind ? w : 1;
+    double base = scenario == 0 ? 0.0 : scenario == 3 ? -3.0 : 1e4;
+    double sd = scenario == 3 ? 50.0 : 1.0;
+
+    t->x = alloc_guarded((size_t)t->n * esize[dt], &t->rg[0]);
+    t->dy = alloc_guarded((size_t)t->n * esize[dt], &t->rg[1]);
+    double *colmean = malloc(sizeof(double) * (size_t)(np + 1));
+    for (int64_t j = 0; j < np; j++) colmean[j] = base * (1.0 + 0.001 * (double)(j % 7)) + 0.1 * (double)j;
+    for (int64_t i = 0; i < t->n; i++) {
+        int64_t j = rows_kind ? i % w : 0;
+        put(dt, t->x, i, colmean[j] + sd * rng_normal());
+        put(dt, t->dy, i, 0.5 * rng_normal() + 0.01);
+    }
+
+    double *sh = malloc(sizeof(double) * (size_t)(np + 1));
+    double *mh = malloc(sizeof(double) * (size_t)(np + 1)), *ml = malloc(sizeof(double) * (size_t)(np + 1));
+    double *a = malloc(sizeof(double) * (size_t)(np + 1)), *b = malloc(sizeof(double) * (size_t)(np + 1));
+    double *c = malloc(sizeof(double) * (size_t)(np + 1));
+    for (int64_t j = 0; j < np; j++) {
+        double m = colmean[j] + (scenario == 3 ? 0.37 * sd : 0.01 * rng_normal());
+        if (scenario == 2) m = 0.0;
+        sh[j] = scenario == 2 ? 0.0 : (double)(float)(colmean[j] + sd * rng_normal());
+        if (dt == CFBN_F64) {
+            mh[j] = m;
+            ml[j] = m * 1e-17;
+        } else {
+            mh[j] = (float)m;
+            ml[j] = (float)(m - (double)(float)m);
+        }
+        a[j] = (0.5 + rng_uniform()) / sd;
+        b[j] = rng_normal();
+        c[j] = 0.1 * rng_normal();
+    }
+    t->shift = alloc_guarded((size_t)np * sizeof(double), &t->rg[2]);
+    memcpy(t->shift, sh, (size_t)np * sizeof(double));
+    t->mhi = alloc_param(t, 3, mh, np);
+    t->mlo = alloc_param(t, 4, ml, np);
+    t->pa = alloc_param(t, 5, a, np);
+    t->pb = alloc_param(t, 6, b, np);
+    t->pc = alloc_param(t, 7, c, np);
+    free(colmean);
+    free(sh);
+    free(mh);
+    free(ml);
+    free(a);
+    free(b);
+    free(c);
+}
+
+static void case_free(tcase *t)
+{
+    for (int i = 0; i < 8; i++) free_guarded(&t->rg[i]);
+}
+
+/* ---- calling a table ---- */
+
+static void call(const cfbn_kernels *k, int kind, const tcase *t, const void *x, const void *dy, void *out)
+{
+    int64_t n = t->n, r = t->rows, w = t->w;
+    int rows = t->rows_kind;
+    if (t->dt == CFBN_F32 || t->dt == CFBN_F16) {
+        cfbn_apply_f32 ap = {t->mhi, t->mlo, t->pa, t->pb};
+        cfbn_grad_f32 gp = {t->mhi, t->mlo, t->pa, t->pb, t->pc};
+        if (t->dt == CFBN_F32) {
+            switch (kind) {
+            case K_STATS:
+                if (rows) k->stats_rows_f32(x, r, w, t->shift, out);
+                else k->stats_run_f32(x, n, t->shift[0], out);
+                break;
+            case K_APPLY:
+                if (rows) k->apply_rows_f32(x, out, r, w, &ap);
+                else k->apply_run_f32(x, out, n, &ap);
+                break;
+            case K_GSTATS:
+                if (rows) k->gstats_rows_f32(dy, x, r, w, &gp, out);
+                else k->gstats_run_f32(dy, x, n, &gp, out);
+                break;
+            default:
+                if (rows) k->gapply_rows_f32(dy, x, out, r, w, &gp);
+                else k->gapply_run_f32(dy, x, out, n, &gp);
+            }
+        } else {
+            switch (kind) {
+            case K_STATS:
+                if (rows) k->stats_rows_f16(x, r, w, t->shift, out);
+                else k->stats_run_f16(x, n, t->shift[0], out);
+                break;
+            case K_APPLY:
+                if (rows) k->apply_rows_f16(x, out, r, w, &ap);
+                else k->apply_run_f16(x, out, n, &ap);
+                break;
+            case K_GSTATS:
+                if (rows) k->gstats_rows_f16(dy, x, r, w, &gp, out);
+                else k->gstats_run_f16(dy, x, n, &gp, out);
+                break;
+            default:
+                if (rows) k->gapply_rows_f16(dy, x, out, r, w, &gp);
+                else k->gapply_run_f16(dy, x, out, n, &gp);
+            }
+        }
+    } else {
+        cfbn_apply_f64 ap = {t->mhi, t->mlo, t->pa, t->pb};
+        cfbn_grad_f64 gp = {t->mhi, t->mlo, t->pa, t->pb, t->pc};
+        switch (kind) {
+        case K_STATS:
+            if (rows) k->stats_rows_f64(x, r, w, t->shift, out);
+            else k->stats_run_f64(x, n, t->shift[0], out);
+            break;
+        case K_APPLY:
+            if (rows) k->apply_rows_f64(x, out, r, w, &ap);
+            else k->apply_run_f64(x, out, n, &ap);
+            break;
+        case K_GSTATS:
+            if (rows) k->gstats_rows_f64(dy, x, r, w, &gp, out);
+            else k->gstats_run_f64(dy, x, n, &gp, out);
+            break;
+        default:
+            if (rows) k->gapply_rows_f64(dy, x, out, r, w, &gp);
+            else k->gapply_run_f64(dy, x, out, n, &gp);
+        }
+    }
+}
+
+/* ---- comparison ---- */
+
+static int report(const cfbn_kernels *k, int kind, const tcase *t, int scenario, const char *what, int64_t i,
+                  double got, double want, double tol)
+{
+    if (n_fail < 40)
+        fprintf(stderr, "FAIL %s %s_%s_%s n=%lld rows=%lld w=%lld scenario=%d: %s at %lld: got %.17g want %.17g tol %.3g\n",
+                k->name, kname[kind], t->rows_kind ? "rows" : "run", dname[t->dt], (long long)t->n,
+                (long long)t->rows, (long long)t->w, scenario, what, (long long)i, got, want, tol);
+    return 0;
+}
+
+static double pget(const tcase *t, const void *p, int64_t j)
+{
+    return t->dt == CFBN_F64 ? ((const double *)p)[j] : ((const float *)p)[j];
+}
+
+/* inplace: 0 separate output, 1 output aliases x (apply) or dy (gapply) */
+static int check_one(const cfbn_kernels *k, int kind, const tcase *t, int scenario, int inplace)
+{
+    int dt = t->dt;
+    int is_stats = kind == K_STATS || kind == K_GSTATS;
+    int64_t np = t->rows_kind ? t->w : 1;
+    size_t cnt = is_stats ? (size_t)(2 * np) : (size_t)t->n;
+    size_t es = is_stats ? 8 : esize[dt];
+    outbuf ref, got;
+    out_init(&ref, cnt, es);
+    out_init(&got, cnt, es);
+    out_poison(&ref);
+    out_poison(&got);
+
+    const void *x = t->x, *dy = t->dy;
+    if (inplace) {
+        memcpy(got.p, kind == K_APPLY ? t->x : t->dy, got.bytes);
+        if (kind == K_APPLY) x = got.p;
+        else dy = got.p;
+    }
+    call(&cfbn_kernels_scalar, kind, t, t->x, t->dy, ref.p);
+    call(k, kind, t, x, dy, got.p);
+
+    int ok = 1;
+    if (!out_guards_ok(&got)) ok = report(k, kind, t, scenario, "guard overwritten", -1, 0, 0, 0);
+    if (!out_guards_ok(&ref)) ok = report(&cfbn_kernels_scalar, kind, t, scenario, "guard overwritten", -1, 0, 0, 0);
+
+    if (is_stats) {
+        const double *r = (const double *)ref.p, *g = (const double *)got.p;
+        for (int64_t j = 0; j < np && ok; j++) {
+            double m1 = 0.0, m2 = 0.0;   /* sums of |terms| */
+            int64_t nr = t->rows_kind ? t->rows : t->n, step = t->rows_kind ? t->w : 1;
+            for (int64_t q = 0; q < nr; q++) {
+                int64_t i = j + q * step;
+                double xv = get(dt, t->x, i);
+                if (kind == K_STATS) {
+                    double d = xv - t->shift[j];
+                    m1 += fabs(d);
+                    m2 += d * d;
+                } else {
+                    double gv = get(dt, t->dy, i);
+                    double d = centered(dt, xv, pget(t, t->mhi, j), pget(t, t->mlo, j));
+                    m1 += fabs(gv);
+                    m2 += fabs(gv * d);
+                }
+            }
+            double tol1 = 2e-12 * m1 + 1e-300, tol2 = 2e-12 * m2 + 1e-300;
+            if (!(fabs(g[j] - r[j]) <= tol1)) ok = report(k, kind, t, scenario, "sum1", j, g[j], r[j], tol1);
+            else if (!(fabs(g[np + j] - r[np + j]) <= tol2))
+                ok = report(k, kind, t, scenario, "sum2", j, g[np + j], r[np + j], tol2);
+        }
+    } else {
+        double eps = dt == CFBN_F64 ? DBL_EPSILON : FLT_EPSILON;
+        for (int64_t i = 0; i < t->n && ok; i++) {
+            int64_t j = t->rows_kind ? i % t->w : 0;
+            double xv = get(dt, t->x, i);
+            double d = centered(dt, xv, pget(t, t->mhi, j), pget(t, t->mlo, j));
+            double mag;
+            if (kind == K_APPLY) {
+                mag = fabs(d * pget(t, t->pa, j)) + fabs(pget(t, t->pb, j));
+            } else {
+                double gv = get(dt, t->dy, i);
+                mag = fabs(gv * pget(t, t->pa, j)) + fabs(d * pget(t, t->pb, j)) + fabs(pget(t, t->pc, j));
+            }
+            double want = get(dt, ref.p, i), have = get(dt, got.p, i);
+            double tol = 2.0 * eps * mag + 1e-300;
+            if (dt == CFBN_F16) tol += fabs(want) * 0x1p-10 + 0x1p-24;
+            if (!(fabs(have - want) <= tol)) ok = report(k, kind, t, scenario, inplace ? "value (in place)" : "value", i, have, want, tol);
+        }
+    }
+    out_free(&ref);
+    out_free(&got);
+    if (ok) n_pass++;
+    else n_fail++;
+    return ok;
+}
+
+static void check_case(const cfbn_kernels *k, int dt, int rows_kind, int64_t rows, int64_t w, int scenario)
+{
+    tcase t;
+    case_make(&t, dt, rows_kind, rows, w, scenario);
+    for (int kind = 0; kind < 4; kind++) {
+        check_one(k, kind, &t, scenario, 0);
+        if (kind == K_APPLY || kind == K_GAPPLY) check_one(k, kind, &t, scenario, 1);
+    }
+    case_free(&t);
+}
+
+static void check_table(const cfbn_kernels *k)
+{
+    static const int64_t ns[] = {0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 31, 32, 33, 63, 64, 65, 257, 1000, 4099};
+    static const int64_t rows[] = {0, 1, 2, 3, 7, 9, 33};
+    static const int64_t ws[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 24, 31, 32, 33, 64, 257, 1000};
+    long before_pass = n_pass, before_fail = n_fail;
+    for (int dt = 0; dt < 3; dt++) {
+        for (int s = 0; s < 4; s++) {
+            for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) check_case(k, dt, 0, ns[a], 1, s);
+            for (size_t a = 0; a < sizeof rows / sizeof *rows; a++)
+                for (size_t b = 0; b < sizeof ws / sizeof *ws; b++) check_case(k, dt, 1, rows[a], ws[b], s);
+        }
+    }
+    printf("kernel_check %s: %ld passed, %ld failed\n", k->name, n_pass - before_pass, n_fail - before_fail);
+}
+
+int main(void)
+{
+    int tested = 0;
+#if defined(CFBN_HAVE_AVX2)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+        check_table(&cfbn_kernels_avx2);
+        tested++;
+    } else {
+        printf("kernel_check avx2: skipped, this CPU lacks AVX2/FMA/F16C\n");
+    }
+#endif
+#if defined(CFBN_HAVE_NEON)
+    check_table(&cfbn_kernels_neon);
+    tested++;
+#endif
+    if (!tested) check_table(&cfbn_kernels_scalar);
+    return n_fail != 0;
+}

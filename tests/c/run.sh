@@ -1,0 +1,50 @@
+#!/bin/sh
+# Builds tests/c/kernel_check.c against the ISA kernel files and runs it:
+#   - on the host (x86_64: bn_avx2.c; aarch64: bn_neon.c);
+#   - on x86_64 hosts, also cross-built for aarch64 and run under qemu-user
+#     when aarch64-linux-gnu-gcc and qemu-aarch64 are installed
+#     (apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user).
+# Exits non-zero if any build or check fails.
+# Environment: CC (host compiler, default gcc), CROSS_CC (default
+# aarch64-linux-gnu-gcc), QEMU (default qemu-aarch64), BUILD_DIR.
+set -eu
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+CC=${CC:-gcc}
+CROSS_CC=${CROSS_CC:-aarch64-linux-gnu-gcc}
+QEMU=${QEMU:-qemu-aarch64}
+if [ -z "${BUILD_DIR:-}" ]; then
+    BUILD_DIR=$(mktemp -d)
+    trap 'rm -rf "$BUILD_DIR"' EXIT
+fi
+mkdir -p "$BUILD_DIR"
+CFLAGS="-O2 -Wall -Wextra -Werror -I$ROOT/csrc"
+SRC="$ROOT/tests/c/kernel_check.c $ROOT/csrc/bn_scalar.c"
+
+host=$(uname -m)
+case "$host" in
+x86_64|amd64)
+    # Only the AVX2 file gets the ISA flags, as in the real build.
+    $CC $CFLAGS -mavx2 -mfma -mf16c -DCFBN_HAVE_AVX2 -c "$ROOT/csrc/bn_avx2.c" -o "$BUILD_DIR/bn_avx2.o"
+    $CC $CFLAGS -DCFBN_HAVE_AVX2 $SRC "$BUILD_DIR/bn_avx2.o" -lm -o "$BUILD_DIR/kernel_check_avx2"
+    "$BUILD_DIR/kernel_check_avx2"
+    ;;
+aarch64|arm64)
+    $CC $CFLAGS -DCFBN_HAVE_NEON $SRC "$ROOT/csrc/bn_neon.c" -lm -o "$BUILD_DIR/kernel_check_neon"
+    "$BUILD_DIR/kernel_check_neon"
+    ;;
+*)
+    $CC $CFLAGS $SRC -lm -o "$BUILD_DIR/kernel_check_scalar"
+    "$BUILD_DIR/kernel_check_scalar"
+    ;;
+esac
+
+if [ "$host" != aarch64 ] && [ "$host" != arm64 ]; then
+    if command -v "$CROSS_CC" >/dev/null 2>&1 && command -v "$QEMU" >/dev/null 2>&1; then
+        $CROSS_CC $CFLAGS -march=armv8-a -DCFBN_HAVE_NEON $SRC "$ROOT/csrc/bn_neon.c" -lm \
+            -o "$BUILD_DIR/kernel_check_neon"
+        "$QEMU" -L /usr/aarch64-linux-gnu "$BUILD_DIR/kernel_check_neon"
+    else
+        echo "kernel_check neon: skipped ($CROSS_CC or $QEMU not installed)"
+    fi
+fi
