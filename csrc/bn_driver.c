@@ -597,7 +597,9 @@ static void backward_channel(const plan *p, const bwd_args *a, params *pp, int64
     int dt = p->dtype;
     double r = 1.0 / sqrt(vec_get(a->saved_variance, dt, c) + a->epsilon);
     double gamma = vec_get(a->scale, dt, c);
-    double scale_bp = sum_dy_xc * r;
+    /* An empty batch has zero sums; its saved variance is NaN, and a zero
+     * sum times NaN would make the gradient NaN instead of the empty sum. */
+    double scale_bp = p->n > 0 ? sum_dy_xc * r : 0.0;
     vec_set(a->scale_backprop, dt, c, scale_bp);
     vec_set(a->offset_backprop, dt, c, sum_dy);
     double n = (double)p->n;
