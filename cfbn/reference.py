@@ -1,0 +1,265 @@
+"""NumPy float64 implementation of the cfbn specification.
+
+This module is the executable form of SPEC.md: every compiled kernel is
+judged against it. It favours clarity over speed, evaluates everything in
+float64 with two-pass statistics, and imports nothing but NumPy.
+"""
+
+from collections import namedtuple
+
+import numpy as np
+
+__all__ = [
+    "LAYOUTS",
+    "BatchNormOutput",
+    "BatchNormGrad",
+    "channel_axis",
+    "reduce_axes",
+    "fused_batch_norm",
+    "fused_batch_norm_grad",
+]
+
+#: Rank and channel axis of every supported ``data_format``.
+LAYOUTS = {
+    "NHWC": (4, 3),
+    "NCHW": (4, 1),
+    "NDHWC": (5, 4),
+    "NCDHW": (5, 1),
+    "NC": (2, 1),
+}
+
+BatchNormOutput = namedtuple(
+    "BatchNormOutput",
+    ["y", "batch_mean", "batch_variance", "reserve_space_1", "reserve_space_2"],
+)
+BatchNormGrad = namedtuple(
+    "BatchNormGrad", ["x_backprop", "scale_backprop", "offset_backprop"]
+)
+
+
+def channel_axis(data_format, ndim):
+    """Return the channel axis of an array laid out as ``data_format``.
+
+    Parameters
+    ----------
+    data_format : str
+        One of ``"NHWC"``, ``"NCHW"``, ``"NDHWC"``, ``"NCDHW"``, ``"NC"``.
+    ndim : int
+        Rank of the array; must match the layout.
+
+    Returns
+    -------
+    int
+        Index of the channel axis.
+
+    Raises
+    ------
+    ValueError
+        If the layout is unknown or ``ndim`` does not match it.
+    """
+    if data_format not in LAYOUTS:
+        raise ValueError(
+            f"data_format must be one of {sorted(LAYOUTS)}, got {data_format!r}"
+        )
+    rank, axis = LAYOUTS[data_format]
+    if ndim != rank:
+        raise ValueError(
+            f"x must have rank {rank} for data_format {data_format!r}, got {ndim}"
+        )
+    return axis
+
+
+def reduce_axes(data_format, ndim):
+    """Return the axes a per-channel reduction runs over.
+
+    Parameters
+    ----------
+    data_format : str
+        Layout name, see :func:`channel_axis`.
+    ndim : int
+        Rank of the array.
+
+    Returns
+    -------
+    tuple of int
+        Every axis except the channel axis.
+    """
+    c = channel_axis(data_format, ndim)
+    return tuple(a for a in range(ndim) if a != c)
+
+
+def _per_channel(v, ndim, axis):
+    """Reshape a length-C vector so that it broadcasts along ``axis``."""
+    shape = [1] * ndim
+    shape[axis] = -1
+    return np.asarray(v, dtype=np.float64).reshape(shape)
+
+
+def _batch_moments(x, axes):
+    """Two-pass mean and biased variance of float64 ``x`` over ``axes``.
+
+    Returns ``(n, mu, var)``; with ``n == 0`` both statistics are NaN.
+    """
+    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    if n == 0:
+        (c_axis,) = set(range(x.ndim)) - set(axes)
+        nan = np.full(x.shape[c_axis], np.nan)
+        return n, nan, nan.copy()
+    mu = np.mean(x, axis=axes)
+    d = x - np.expand_dims(mu, axes)
+    var = np.mean(d * d, axis=axes)
+    return n, mu, var
+
+
+def fused_batch_norm(
+    x,
+    scale,
+    offset,
+    mean=None,
+    variance=None,
+    *,
+    epsilon=1e-4,
+    exponential_avg_factor=1.0,
+    data_format="NHWC",
+    is_training=True,
+):
+    """Batch normalization forward pass, evaluated in float64.
+
+    Parameters
+    ----------
+    x : array_like
+        Input activations laid out as ``data_format``.
+    scale, offset : array_like
+        Per-channel gamma and beta, length C.
+    mean, variance : array_like, optional
+        Running statistics, length C. Required for inference and for
+        training with ``exponential_avg_factor != 1``.
+    epsilon : float, optional
+        Added to the variance before the square root.
+    exponential_avg_factor : float, optional
+        Weight ``f`` of the batch statistics in the running averages.
+    data_format : str, optional
+        Layout of ``x``.
+    is_training : bool, optional
+        Use batch statistics (True) or the given population ones (False).
+
+    Returns
+    -------
+    BatchNormOutput
+        ``(y, batch_mean, batch_variance, reserve_space_1, reserve_space_2)``,
+        all float64.
+    """
+    # NaN and Inf in x propagate by design (and n = 0 divides by zero), so
+    # their floating-point warnings carry no information.
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return _forward(
+            np.asarray(x, dtype=np.float64), scale, offset, mean, variance, epsilon,
+            float(exponential_avg_factor), data_format, is_training,
+        )
+
+
+def _forward(x, scale, offset, mean, variance, epsilon, f, data_format, is_training):
+    axis = channel_axis(data_format, x.ndim)
+    axes = reduce_axes(data_format, x.ndim)
+    if (not is_training or f != 1.0) and (mean is None or variance is None):
+        raise ValueError(
+            "mean and variance are required for inference and for "
+            "exponential_avg_factor != 1"
+        )
+    gamma = np.asarray(scale, dtype=np.float64)
+    beta = np.asarray(offset, dtype=np.float64)
+
+    if is_training:
+        n, mu, var = _batch_moments(x, axes)
+        bessel = n / (n - 1) if n > 1 else 1.0
+        if f == 1.0:
+            batch_mean = mu.copy()
+            batch_variance = var * bessel
+        else:
+            m = np.asarray(mean, dtype=np.float64)
+            v = np.asarray(variance, dtype=np.float64)
+            batch_mean = (1.0 - f) * m + f * mu
+            batch_variance = (1.0 - f) * v + f * (var * bessel)
+        reserve_1, reserve_2 = mu, var
+    else:
+        mu = np.asarray(mean, dtype=np.float64).copy()
+        var = np.asarray(variance, dtype=np.float64).copy()
+        batch_mean, batch_variance = mu.copy(), var.copy()
+        reserve_1, reserve_2 = mu.copy(), var.copy()
+
+    r = 1.0 / np.sqrt(var + epsilon)
+    y = _per_channel(gamma * r, x.ndim, axis) * (
+        x - _per_channel(mu, x.ndim, axis)
+    ) + _per_channel(beta, x.ndim, axis)
+    return BatchNormOutput(y, batch_mean, batch_variance, reserve_1, reserve_2)
+
+
+def fused_batch_norm_grad(
+    y_backprop,
+    x,
+    scale,
+    reserve_space_1,
+    reserve_space_2,
+    *,
+    epsilon=1e-4,
+    data_format="NHWC",
+    is_training=True,
+):
+    """Batch normalization gradient, evaluated in float64.
+
+    Parameters
+    ----------
+    y_backprop : array_like
+        Upstream gradient ``dy``, same shape as ``x``.
+    x : array_like
+        Forward input laid out as ``data_format``.
+    scale : array_like
+        Per-channel gamma, length C.
+    reserve_space_1, reserve_space_2 : array_like
+        Mean and biased variance used by the forward pass (batch statistics
+        in training, population statistics in inference).
+    epsilon : float, optional
+        Added to the variance before the square root.
+    data_format : str, optional
+        Layout of ``x`` and ``y_backprop``.
+    is_training : bool, optional
+        Whether the statistics were computed from ``x`` itself.
+
+    Returns
+    -------
+    BatchNormGrad
+        ``(x_backprop, scale_backprop, offset_backprop)``, all float64.
+    """
+    dy = np.asarray(y_backprop, dtype=np.float64)
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return _grad(dy, x, scale, reserve_space_1, reserve_space_2, epsilon, data_format,
+                     is_training)
+
+
+def _grad(dy, x, scale, reserve_space_1, reserve_space_2, epsilon, data_format, is_training):
+    if dy.shape != x.shape:
+        raise ValueError(
+            f"y_backprop must have the shape of x {x.shape}, got {dy.shape}"
+        )
+    axis = channel_axis(data_format, x.ndim)
+    axes = reduce_axes(data_format, x.ndim)
+    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    gamma = np.asarray(scale, dtype=np.float64)
+    mu = np.asarray(reserve_space_1, dtype=np.float64)
+    var = np.asarray(reserve_space_2, dtype=np.float64)
+
+    def bc(v):
+        return _per_channel(v, x.ndim, axis)
+
+    r = 1.0 / np.sqrt(var + epsilon)
+    x_hat = (x - bc(mu)) * bc(r)
+    offset_backprop = np.sum(dy, axis=axes)
+    scale_backprop = np.sum(dy * x_hat, axis=axes)
+    if is_training and n > 0:
+        x_backprop = bc(gamma * r / n) * (
+            n * dy - bc(offset_backprop) - x_hat * bc(scale_backprop)
+        )
+    else:
+        x_backprop = bc(gamma * r) * dy
+    return BatchNormGrad(x_backprop, scale_backprop, offset_backprop)

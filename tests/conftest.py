@@ -1,0 +1,24 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+# The shared checking helpers live next to this file; put the directory on the
+# path explicitly so they import the same way under every pytest import mode.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import cfbn  # noqa: E402
+from cfbn import _kernels  # noqa: E402
+
+SUPPORTED_ISAS = list(cfbn.runtime_info()["supported_isas"])
+
+
+@pytest.fixture(params=SUPPORTED_ISAS)
+def isa(request):
+    """Run the test once per kernel table this CPU can execute."""
+    previous = _kernels.selected_isa()
+    _kernels.select_isa(request.param)
+    try:
+        yield request.param
+    finally:
+        _kernels.select_isa(previous)

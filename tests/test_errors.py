@@ -1,0 +1,378 @@
+"""Argument checking, input immutability, strided inputs and out= semantics."""
+
+import numpy as np
+import pytest
+
+import cfbn
+from cfbn import reference
+
+from _checks import (
+    Unmodified,
+    check_forward,
+    check_grad,
+    forward_buffers,
+    grad_buffers,
+    random_vectors,
+    random_x,
+    seed_of,
+    vector_dtype,
+)
+
+SHAPE = (2, 3, 4, 5)  # NHWC, C = 5
+
+
+def forward_args(dtype=np.float32, shape=SHAPE, data_format="NHWC"):
+    rng = np.random.default_rng(seed_of("errors", np.dtype(dtype).name, shape))
+    x = random_x(rng, shape, data_format, dtype)
+    c = shape[reference.channel_axis(data_format, len(shape))]
+    v = random_vectors(rng, c, dtype)
+    return dict(x=x, scale=v["scale"], offset=v["offset"], mean=v["mean"],
+                variance=v["variance"])
+
+
+def grad_args(dtype=np.float32, shape=SHAPE, data_format="NHWC"):
+    f = forward_args(dtype, shape, data_format)
+    rng = np.random.default_rng(seed_of("errors-dy", np.dtype(dtype).name, shape))
+    return dict(y_backprop=rng.standard_normal(shape).astype(dtype), x=f["x"],
+                scale=f["scale"], reserve_space_1=f["mean"], reserve_space_2=f["variance"])
+
+
+def expect_error(exc, words, fn, **kwargs):
+    """Call ``fn`` expecting ``exc`` whose message names one of ``words``; inputs stay intact."""
+    arrays = [a for a in kwargs.values() if isinstance(a, np.ndarray)]
+    with pytest.raises(exc) as info:
+        with Unmodified(*arrays):
+            fn(**kwargs)
+    msg = str(info.value)
+    assert any(w in msg for w in words), f"message {msg!r} names none of {words}"
+
+
+F32 = np.float32
+
+
+def _vec(n, dtype=F32):
+    return np.linspace(0.5, 1.5, n).astype(dtype)
+
+
+# (id, overrides of the valid arguments, exception, words one of which the message must contain)
+FORWARD_ERRORS = [
+    ("format-unknown", dict(data_format="NWHC"), ValueError, ["data_format"]),
+    ("format-lowercase", dict(data_format="nhwc"), ValueError, ["data_format"]),
+    ("rank-3-NHWC", dict(x=np.zeros((2, 3, 5), F32)), ValueError, ["x", "data_format"]),
+    ("rank-4-NC", dict(data_format="NC"), ValueError, ["x", "data_format"]),
+    ("rank-4-NDHWC", dict(data_format="NDHWC"), ValueError, ["x", "data_format"]),
+    ("scale-short", dict(scale=_vec(4)), ValueError, ["scale"]),
+    ("offset-long", dict(offset=_vec(6)), ValueError, ["offset"]),
+    ("scale-2d", dict(scale=_vec(5).reshape(1, 5)), ValueError, ["scale"]),
+    ("scale-0d", dict(scale=np.ones((), F32)), ValueError, ["scale"]),
+    ("mean-short", dict(mean=_vec(4), is_training=False), ValueError, ["mean"]),
+    ("variance-short", dict(variance=_vec(4), exponential_avg_factor=0.5), ValueError,
+     ["variance"]),
+    ("infer-no-mean", dict(mean=None, is_training=False), ValueError, ["mean"]),
+    ("infer-no-variance", dict(variance=None, is_training=False), ValueError, ["variance"]),
+    ("avg-no-stats", dict(mean=None, variance=None, exponential_avg_factor=0.5), ValueError,
+     ["mean", "variance", "exponential_avg_factor"]),
+    ("epsilon-negative", dict(epsilon=-1e-3), ValueError, ["epsilon"]),
+    ("epsilon-nan", dict(epsilon=float("nan")), ValueError, ["epsilon"]),
+    ("epsilon-inf", dict(epsilon=float("inf")), ValueError, ["epsilon"]),
+    ("factor-nan", dict(exponential_avg_factor=float("nan")), ValueError,
+     ["exponential_avg_factor"]),
+    ("factor-inf", dict(exponential_avg_factor=float("inf")), ValueError,
+     ["exponential_avg_factor"]),
+    ("factor-negative", dict(exponential_avg_factor=-0.25), ValueError,
+     ["exponential_avg_factor"]),
+    ("factor-above-1", dict(exponential_avg_factor=1.5), ValueError,
+     ["exponential_avg_factor"]),
+    ("threads-0", dict(n_threads=0), ValueError, ["n_threads"]),
+    ("threads-negative", dict(n_threads=-2), ValueError, ["n_threads"]),
+    ("threads-float", dict(n_threads=1.5), TypeError, ["n_threads"]),
+    ("threads-str", dict(n_threads="2"), TypeError, ["n_threads"]),
+    ("x-int32", dict(x=np.ones(SHAPE, np.int32)), TypeError, ["x"]),
+    ("x-int64", dict(x=np.ones(SHAPE, np.int64)), TypeError, ["x"]),
+    ("x-bool", dict(x=np.ones(SHAPE, bool)), TypeError, ["x"]),
+    ("x-complex", dict(x=np.ones(SHAPE, np.complex64)), TypeError, ["x"]),
+    ("x-none", dict(x=None), TypeError, ["x"]),
+    ("x-str", dict(x="abc"), TypeError, ["x"]),
+    ("scale-object", dict(scale=object()), TypeError, ["scale"]),
+    ("scale-float64", dict(scale=_vec(5, np.float64)), TypeError, ["scale"]),
+    ("offset-float16", dict(offset=_vec(5, np.float16)), TypeError, ["offset"]),
+    ("mean-float64", dict(mean=_vec(5, np.float64), is_training=False), TypeError, ["mean"]),
+    ("variance-int", dict(variance=np.ones(5, np.int32), is_training=False), TypeError,
+     ["variance"]),
+]
+
+
+@pytest.mark.parametrize("override,exc,words", [c[1:] for c in FORWARD_ERRORS],
+                         ids=[c[0] for c in FORWARD_ERRORS])
+def test_forward_rejects(override, exc, words):
+    kwargs = forward_args()
+    kwargs.update(override)
+    expect_error(exc, words, cfbn.fused_batch_norm, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "x_dtype,vec_dtype,name",
+    [(np.float16, np.float16, "scale"), (np.float16, np.float64, "offset"),
+     (np.float64, np.float32, "scale"), (np.float32, np.float16, "mean")],
+    ids=["f16-with-f16", "f16-with-f64", "f64-with-f32", "f32-with-f16"])
+def test_forward_rejects_mixed_dtypes(x_dtype, vec_dtype, name):
+    kwargs = forward_args(x_dtype)
+    kwargs[name] = kwargs[name].astype(vec_dtype)
+    kwargs["is_training"] = False
+    expect_error(TypeError, [name], cfbn.fused_batch_norm, **kwargs)
+
+
+GRAD_ERRORS = [
+    ("format-unknown", dict(data_format="CHWN"), ValueError, ["data_format"]),
+    ("rank-3", dict(x=np.zeros((2, 3, 5), F32), y_backprop=np.zeros((2, 3, 5), F32)),
+     ValueError, ["x", "data_format"]),
+    ("dy-shape", dict(y_backprop=np.zeros((2, 3, 5, 5), F32)), ValueError, ["y_backprop"]),
+    ("dy-rank", dict(y_backprop=np.zeros((2, 12, 5), F32)), ValueError, ["y_backprop"]),
+    ("dy-float64", dict(y_backprop=np.zeros(SHAPE, np.float64)), TypeError, ["y_backprop"]),
+    ("x-int", dict(x=np.ones(SHAPE, np.int32)), TypeError, ["x"]),
+    ("scale-short", dict(scale=_vec(4)), ValueError, ["scale"]),
+    ("reserve1-long", dict(reserve_space_1=_vec(6)), ValueError, ["reserve_space_1"]),
+    ("reserve2-2d", dict(reserve_space_2=_vec(5).reshape(5, 1)), ValueError,
+     ["reserve_space_2"]),
+    ("reserve1-float64", dict(reserve_space_1=_vec(5, np.float64)), TypeError,
+     ["reserve_space_1"]),
+    ("reserve2-float16", dict(reserve_space_2=_vec(5, np.float16)), TypeError,
+     ["reserve_space_2"]),
+    ("scale-none", dict(scale=None), TypeError, ["scale"]),
+    ("epsilon-negative", dict(epsilon=-1.0), ValueError, ["epsilon"]),
+    ("epsilon-nan", dict(epsilon=float("nan")), ValueError, ["epsilon"]),
+    ("threads-0", dict(n_threads=0), ValueError, ["n_threads"]),
+    ("threads-float", dict(n_threads=2.0), TypeError, ["n_threads"]),
+]
+
+
+@pytest.mark.parametrize("override,exc,words", [c[1:] for c in GRAD_ERRORS],
+                         ids=[c[0] for c in GRAD_ERRORS])
+def test_grad_rejects(override, exc, words):
+    kwargs = grad_args()
+    kwargs.update(override)
+    expect_error(exc, words, cfbn.fused_batch_norm_grad, **kwargs)
+
+
+def test_float16_gradient_takes_float32_vectors():
+    kwargs = grad_args(np.float16)
+    assert kwargs["scale"].dtype == np.float32
+    res = cfbn.fused_batch_norm_grad(**kwargs)
+    assert res.x_backprop.dtype == np.float16
+    assert res.scale_backprop.dtype == np.float32 and res.offset_backprop.dtype == np.float32
+
+
+# ---------------------------------------------------------------- strided inputs
+
+def strided_views(rng, dtype):
+    """(description, x view in NHWC with C = 5) for several memory layouts."""
+    big = random_x(rng, (2, 6, 4, 10), "NHWC", dtype)
+    nchw = random_x(rng, (2, 5, 3, 4), "NCHW", dtype)
+    return [
+        ("every-other-row", big[:, ::2, :, :5]),
+        ("every-other-channel", big[:, :3, :, ::2]),
+        ("reversed", big[::-1, 3:, ::-1, 5:]),
+        ("fortran", np.asfortranarray(big[:, :3, :, :5])),
+        ("transposed", nchw.transpose(0, 2, 3, 1)),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16],
+                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("which", range(5), ids=["every-other-row", "every-other-channel",
+                                                  "reversed", "fortran", "transposed"])
+def test_non_contiguous_inputs(isa, which, dtype):
+    rng = np.random.default_rng(seed_of("strided", which, np.dtype(dtype).name))
+    _, x = strided_views(rng, dtype)[which]
+    assert x.shape == (2, 3, 4, 5) and not x.flags.c_contiguous
+    vdt = vector_dtype(dtype)
+    vectors = rng.uniform(0.5, 1.5, (4, 10)).astype(vdt)
+    scale, offset = vectors[0, ::2], vectors[1, 9::-2]
+    mean, variance = vectors[2, 1::2], vectors[3, :5]
+    dy = random_x(rng, (2, 3, 4, 10), "NHWC", dtype)[::-1, :, :, ::2]
+    with Unmodified(x, scale, offset, mean, variance, dy):
+        fwd = cfbn.fused_batch_norm(x, scale, offset, mean, variance,
+                                    exponential_avg_factor=0.25)
+        inf = cfbn.fused_batch_norm(x, scale, offset, mean, variance, is_training=False)
+        grad = cfbn.fused_batch_norm_grad(dy, x, scale, fwd.reserve_space_1,
+                                          fwd.reserve_space_2)
+        igrad = cfbn.fused_batch_norm_grad(dy, x, scale, mean, variance, is_training=False)
+    check_forward(fwd, x, scale, offset, mean, variance, epsilon=1e-4, data_format="NHWC",
+                  is_training=True, exponential_avg_factor=0.25)
+    check_forward(inf, x, scale, offset, mean, variance, epsilon=1e-4, data_format="NHWC",
+                  is_training=False)
+    check_grad(grad, dy, x, scale, fwd.reserve_space_1, fwd.reserve_space_2, epsilon=1e-4,
+               data_format="NHWC", is_training=True)
+    check_grad(igrad, dy, x, scale, mean, variance, epsilon=1e-4, data_format="NHWC",
+               is_training=False)
+
+
+# ---------------------------------------------------------------- out=
+
+def test_out_sequence_returns_the_given_arrays():
+    a = forward_args()
+    y, rs1 = np.full(SHAPE, np.nan, F32), np.full(5, np.nan, F32)
+    for out in ([y, None, None, rs1, None], (y, None, None, rs1, None)):
+        res = cfbn.fused_batch_norm(a["x"], a["scale"], a["offset"], out=out)
+        assert res.y is y and res.reserve_space_1 is rs1
+        for name in ("batch_mean", "batch_variance", "reserve_space_2"):
+            got = getattr(res, name)
+            assert isinstance(got, np.ndarray) and got.shape == (5,) and got.dtype == F32
+            assert not any(got is b for b in (y, rs1))
+        check_forward(res, a["x"], a["scale"], a["offset"], None, None, epsilon=1e-4,
+                      data_format="NHWC", is_training=True)
+
+
+def test_out_dict_returns_the_given_arrays():
+    a = forward_args()
+    bv = np.full(5, np.nan, F32)
+    res = cfbn.fused_batch_norm(**a, is_training=False, out={"batch_variance": bv})
+    assert res.batch_variance is bv
+    assert np.array_equal(bv, a["variance"])
+    y = np.full(SHAPE, np.nan, F32)
+    res = cfbn.fused_batch_norm(**a, is_training=False, out={"y": y})
+    assert res.y is y
+    check_forward(res, **a, epsilon=1e-4, data_format="NHWC", is_training=False)
+    g = grad_args()
+    dx, db = np.full(SHAPE, np.nan, F32), np.full(5, np.nan, F32)
+    res = cfbn.fused_batch_norm_grad(**g, out={"x_backprop": dx, "offset_backprop": db})
+    assert res.x_backprop is dx and res.offset_backprop is db
+    check_grad(res, g["y_backprop"], g["x"], g["scale"], g["reserve_space_1"],
+               g["reserve_space_2"], epsilon=1e-4, data_format="NHWC", is_training=True)
+    res = cfbn.fused_batch_norm_grad(**g, out=grad_buffers(SHAPE, 5, F32))
+    check_grad(res, g["y_backprop"], g["x"], g["scale"], g["reserve_space_1"],
+               g["reserve_space_2"], epsilon=1e-4, data_format="NHWC", is_training=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16],
+                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("is_training", [True, False], ids=["train", "infer"])
+@pytest.mark.parametrize("data_format,shape", [("NHWC", (3, 5, 7, 9)), ("NCHW", (3, 9, 5, 7)),
+                                               ("NC", (33, 9))])
+def test_forward_in_place(isa, data_format, shape, is_training, dtype):
+    a = forward_args(dtype, shape, data_format)
+    x0 = a["x"].copy()
+    res = cfbn.fused_batch_norm(**a, data_format=data_format, is_training=is_training,
+                                out={"y": a["x"]})
+    assert res.y is a["x"]
+    check_forward(res, x0, a["scale"], a["offset"], a["mean"], a["variance"], epsilon=1e-4,
+                  data_format=data_format, is_training=is_training)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16],
+                         ids=lambda d: np.dtype(d).name)
+def test_running_statistics_updated_in_place(isa, dtype):
+    a = forward_args(dtype)
+    m0, v0 = a["mean"].copy(), a["variance"].copy()
+    res = cfbn.fused_batch_norm(**a, exponential_avg_factor=0.25,
+                                out={"batch_mean": a["mean"], "batch_variance": a["variance"]})
+    assert res.batch_mean is a["mean"] and res.batch_variance is a["variance"]
+    check_forward(res, a["x"], a["scale"], a["offset"], m0, v0, epsilon=1e-4,
+                  data_format="NHWC", is_training=True, exponential_avg_factor=0.25)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16],
+                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("is_training", [True, False], ids=["train", "infer"])
+@pytest.mark.parametrize("target", ["y_backprop", "x"])
+@pytest.mark.parametrize("data_format,shape", [("NHWC", (3, 5, 7, 9)), ("NCHW", (3, 9, 5, 7))])
+def test_grad_in_place(isa, data_format, shape, target, is_training, dtype):
+    g = grad_args(dtype, shape, data_format)
+    before = {k: v.copy() for k, v in g.items()}
+    res = cfbn.fused_batch_norm_grad(**g, data_format=data_format, is_training=is_training,
+                                     out={"x_backprop": g[target]})
+    assert res.x_backprop is g[target]
+    check_grad(res, before["y_backprop"], before["x"], before["scale"],
+               before["reserve_space_1"], before["reserve_space_2"], epsilon=1e-4,
+               data_format=data_format, is_training=is_training)
+
+
+def test_partial_overlap_is_rejected():
+    a = forward_args()
+    size = int(np.prod(SHAPE))
+    storage = np.zeros(2 * size, F32)
+    x = storage[:size].reshape(SHAPE)
+    x[...] = a["x"]
+    shifted = storage[size // 2: size // 2 + size].reshape(SHAPE)
+    kwargs = dict(a, x=x, out={"y": shifted})
+    expect_error(ValueError, ["y", "out"], cfbn.fused_batch_norm, **kwargs)
+    one_over = storage[1: size + 1].reshape(SHAPE)
+    kwargs["out"] = [one_over, None, None, None, None]
+    expect_error(ValueError, ["y", "out"], cfbn.fused_batch_norm, **kwargs)
+
+    vec = np.linspace(0.5, 1.5, 10).astype(F32)
+    kwargs = dict(a, scale=vec[:5], out={"batch_mean": vec[1:6]})
+    expect_error(ValueError, ["batch_mean", "out"], cfbn.fused_batch_norm, **kwargs)
+    kwargs = dict(a, mean=vec[:5], exponential_avg_factor=0.5,
+                  out={"batch_variance": vec[3:8]})
+    expect_error(ValueError, ["batch_variance", "out"], cfbn.fused_batch_norm, **kwargs)
+
+    g = grad_args()
+    storage = np.zeros(2 * size, F32)
+    dy = storage[size // 4: size // 4 + size].reshape(SHAPE)
+    dy[...] = g["y_backprop"]
+    kwargs = dict(g, y_backprop=dy, out={"x_backprop": storage[:size].reshape(SHAPE)})
+    expect_error(ValueError, ["x_backprop", "out"], cfbn.fused_batch_norm_grad, **kwargs)
+    kwargs = dict(g, reserve_space_1=vec[:5], out={"scale_backprop": vec[2:7]})
+    expect_error(ValueError, ["scale_backprop", "out"], cfbn.fused_batch_norm_grad, **kwargs)
+
+
+def _bad_outs():
+    y = np.zeros(SHAPE, F32)
+    wide = np.zeros((2, 3, 4, 10), F32)
+    readonly = np.zeros(SHAPE, F32)
+    readonly.flags.writeable = False
+    return [
+        ("y-float64", {"y": y.astype(np.float64)}, TypeError, ["y", "out"]),
+        ("y-float16", {"y": y.astype(np.float16)}, TypeError, ["y", "out"]),
+        ("mean-float64", {"batch_mean": np.zeros(5)}, TypeError, ["batch_mean", "out"]),
+        ("y-list", {"y": y.tolist()}, TypeError, ["y", "out"]),
+        ("y-shape", {"y": np.zeros((2, 3, 5, 4), F32)}, ValueError, ["y", "out"]),
+        ("y-flat", {"y": np.zeros(y.size, F32)}, ValueError, ["y", "out"]),
+        ("variance-shape", {"batch_variance": np.zeros(6, F32)}, ValueError,
+         ["batch_variance", "out"]),
+        ("y-strided", {"y": wide[..., ::2]}, ValueError, ["y", "out"]),
+        ("y-fortran", {"y": np.asfortranarray(y)}, ValueError, ["y", "out"]),
+        ("y-readonly", {"y": readonly}, ValueError, ["y", "out"]),
+        ("rs2-valid", {"reserve_space_2": np.zeros(5, F32)}, None, None),
+        ("sequence-short", [y, None, None, None], (ValueError, TypeError), ["out"]),
+        ("sequence-long", [None] * 6, (ValueError, TypeError), ["out"]),
+        ("unknown-name", {"z": y}, (ValueError, TypeError, KeyError), ["out", "z"]),
+    ]
+
+
+BAD_OUTS = _bad_outs()
+
+
+@pytest.mark.parametrize("out,exc,words", [c[1:] for c in BAD_OUTS], ids=[c[0] for c in BAD_OUTS])
+def test_bad_out_is_rejected(out, exc, words):
+    a = forward_args()
+    if exc is None:
+        # a valid per-channel buffer for contrast: accepted and filled
+        res = cfbn.fused_batch_norm(**a, out=out)
+        assert res.reserve_space_2 is out["reserve_space_2"]
+        return
+    expect_error(exc, words, cfbn.fused_batch_norm, **a, out=out)
+
+
+def test_bad_grad_out_is_rejected():
+    g = grad_args()
+    readonly = np.zeros(5, F32)
+    readonly.flags.writeable = False
+    expect_error(TypeError, ["x_backprop", "out"], cfbn.fused_batch_norm_grad, **g,
+                 out={"x_backprop": np.zeros(SHAPE, np.float64)})
+    expect_error(ValueError, ["scale_backprop", "out"], cfbn.fused_batch_norm_grad, **g,
+                 out={"scale_backprop": readonly})
+    expect_error(ValueError, ["offset_backprop", "out"], cfbn.fused_batch_norm_grad, **g,
+                 out=[None, None, np.zeros(4, F32)])
+    expect_error((ValueError, TypeError), ["out"], cfbn.fused_batch_norm_grad, **g,
+                 out=[None] * 5)
+
+
+def test_float16_outputs_have_float32_vectors():
+    a = forward_args(np.float16)
+    out = forward_buffers(SHAPE, 5, np.float16)
+    res = cfbn.fused_batch_norm(**a, out=out)
+    assert res.y.dtype == np.float16 and all(v.dtype == np.float32 for v in res[1:])
+    expect_error(TypeError, ["batch_mean", "out"], cfbn.fused_batch_norm, **a,
+                 out={"batch_mean": np.zeros(5, np.float16)})
