@@ -21,6 +21,9 @@ _F32, _F64, _F16 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float
 DTYPES = {_F32: (0, _F32), _F64: (1, _F64), _F16: (2, _F32)}
 
 
+_kernels.set_result_types(BatchNormOutput, BatchNormGrad)
+
+
 def _as_array(a, name):
     if type(a) is np.ndarray:
         return a
@@ -35,8 +38,9 @@ def _as_array(a, name):
 
 
 def _contiguous(a):
-    # A strided or reversed view is read through one contiguous copy.
-    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+    # A strided, reversed or misaligned view is read through one contiguous copy.
+    flags = a.flags
+    return a if flags.c_contiguous and flags.aligned else np.array(a, order="C")
 
 
 def _tensor(x, name):
@@ -198,6 +202,12 @@ def fused_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4
     -----
     A non-contiguous input is read through one contiguous copy.
     """
+    if out is None:
+        result = _kernels.fast_forward(x, scale, offset, mean, variance, epsilon,
+                                       exponential_avg_factor, data_format, is_training,
+                                       n_threads)
+        if result is not None:
+            return result
     x, dt, vdt = _tensor(x, "x")
     layout, outer, channels, inner = _layout(data_format, x)
     scale = _vector(scale, "scale", channels, vdt)
@@ -264,6 +274,11 @@ def fused_batch_norm_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2
     BatchNormGrad
         ``(x_backprop, scale_backprop, offset_backprop)``.
     """
+    if out is None:
+        result = _kernels.fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2,
+                                        epsilon, data_format, is_training, n_threads)
+        if result is not None:
+            return result
     x, dt, vdt = _tensor(x, "x")
     dy = _as_array(y_backprop, "y_backprop")
     if dy.dtype != x.dtype:

@@ -205,3 +205,175 @@ def _select_at_import():
 
 
 _select_at_import()
+
+
+# ---- the common case without Python-level validation ----
+#
+# A training loop calls cfbn thousands of times a second on small tensors, so
+# the plain call (NumPy arrays that are already contiguous, aligned and of
+# matching dtypes, no out=) is recognized here and run without the Python
+# layer's work.  These functions only accept: anything unusual returns None
+# and cfbn._api validates it properly, with its error messages.
+
+cdef dict _LAYOUT_CODES = {"NHWC": (4, 0), "NDHWC": (5, 0), "NC": (2, 0),
+                           "NCHW": (4, 1), "NCDHW": (5, 1)}
+cdef object _forward_result = tuple
+cdef object _grad_result = tuple
+
+
+def set_result_types(forward, grad):
+    """The named tuples the fast paths return (set once by cfbn._api)."""
+    global _forward_result, _grad_result
+    _forward_result = forward
+    _grad_result = grad
+
+
+cdef inline int _kind(object a) except -2:
+    """Kernel dtype code of a plain C-contiguous aligned native array, else -1."""
+    if type(a) is not cnp.ndarray:
+        return -1
+    cdef cnp.ndarray arr = <cnp.ndarray>a
+    if not (cnp.PyArray_IS_C_CONTIGUOUS(arr) and cnp.PyArray_ISALIGNED(arr)
+            and cnp.PyArray_ISNOTSWAPPED(arr)):
+        return -1
+    cdef int t = cnp.PyArray_TYPE(arr)
+    if t == cnp.NPY_FLOAT:
+        return 0
+    if t == cnp.NPY_DOUBLE:
+        return 1
+    if t == cnp.NPY_FLOAT16:
+        return 2
+    return -1
+
+
+cdef inline bint _plain_vector(object v, int vtype, int64_t channels):
+    if type(v) is not cnp.ndarray:
+        return False
+    cdef cnp.ndarray arr = <cnp.ndarray>v
+    return (cnp.PyArray_NDIM(arr) == 1 and cnp.PyArray_DIM(arr, 0) == channels
+            and cnp.PyArray_TYPE(arr) == vtype and cnp.PyArray_IS_C_CONTIGUOUS(arr)
+            and cnp.PyArray_ISALIGNED(arr) and cnp.PyArray_ISNOTSWAPPED(arr))
+
+
+cdef inline int _plain_threads(object n_threads):
+    """n_threads as the C driver takes it (0 = OpenMP default), or -1."""
+    if n_threads is None:
+        return 0
+    if type(n_threads) is not int:
+        return -1
+    cdef long n = n_threads
+    return <int>n if 1 <= n <= 1024 else -1
+
+
+cdef inline int _geometry(cnp.ndarray x, object data_format, int *layout, int64_t *outer,
+                          int64_t *channels, int64_t *inner):
+    """Layout and (outer, channels, inner) of x, or -1 if not the plain case."""
+    if type(data_format) is not str:
+        return -1
+    spec = _LAYOUT_CODES.get(data_format)
+    if spec is None:
+        return -1
+    cdef int rank = spec[0]
+    cdef int nd = cnp.PyArray_NDIM(x)
+    if nd != rank:
+        return -1
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(x)
+    cdef int i
+    layout[0] = spec[1]
+    outer[0] = 1
+    inner[0] = 1
+    if layout[0] == 1:
+        outer[0] = dims[0]
+        channels[0] = dims[1]
+        for i in range(2, nd):
+            inner[0] *= dims[i]
+    else:
+        channels[0] = dims[nd - 1]
+        for i in range(nd - 1):
+            outer[0] *= dims[i]
+    return 0
+
+
+cdef inline cnp.ndarray _empty_like_vec(int64_t channels, int vtype):
+    cdef cnp.npy_intp dim = channels
+    return cnp.PyArray_EMPTY(1, &dim, vtype, 0)
+
+
+def fast_forward(x, scale, offset, mean, variance, epsilon, exponential_avg_factor,
+                 data_format, is_training, n_threads):
+    """fused_batch_norm for the plain case, or None."""
+    cdef int dt = _kind(x)
+    if dt < 0 or type(epsilon) is not float or type(exponential_avg_factor) is not float:
+        return None
+    if is_training is not True and is_training is not False:
+        return None
+    cdef double eps = epsilon
+    cdef double factor = exponential_avg_factor
+    if not (0.0 <= eps < float("inf")) or not (0.0 <= factor <= 1.0):
+        return None
+    cdef int nt = _plain_threads(n_threads)
+    if nt < 0:
+        return None
+    cdef cnp.ndarray xa = <cnp.ndarray>x
+    cdef int layout
+    cdef int64_t outer, channels, inner
+    if _geometry(xa, data_format, &layout, &outer, &channels, &inner) < 0:
+        return None
+    cdef int vtype = cnp.NPY_DOUBLE if dt == 1 else cnp.NPY_FLOAT
+    cdef bint training = is_training
+    cdef bint need_stats = (not training) or factor != 1.0
+    if not (_plain_vector(scale, vtype, channels) and _plain_vector(offset, vtype, channels)):
+        return None
+    if need_stats and not (_plain_vector(mean, vtype, channels)
+                           and _plain_vector(variance, vtype, channels)):
+        return None
+    if not need_stats and ((mean is not None and not _plain_vector(mean, vtype, channels))
+                           or (variance is not None and not _plain_vector(variance, vtype, channels))):
+        return None
+    y = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(xa), cnp.PyArray_DIMS(xa), cnp.PyArray_TYPE(xa), 0)
+    bm = _empty_like_vec(channels, vtype)
+    bv = _empty_like_vec(channels, vtype)
+    sm = _empty_like_vec(channels, vtype)
+    sv = _empty_like_vec(channels, vtype)
+    if training:
+        forward_training(dt, layout, outer, channels, inner, nt, x, scale, offset,
+                         mean if need_stats else None, variance if need_stats else None,
+                         eps, factor, y, bm, bv, sm, sv)
+    else:
+        forward_inference(dt, layout, outer, channels, inner, nt, x, scale, offset, mean,
+                          variance, eps, y, bm, bv, sm, sv)
+    return _forward_result(y, bm, bv, sm, sv)
+
+
+def fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon,
+                  data_format, is_training, n_threads):
+    """fused_batch_norm_grad for the plain case, or None."""
+    cdef int dt = _kind(x)
+    if dt < 0 or _kind(y_backprop) != dt or type(epsilon) is not float:
+        return None
+    if is_training is not True and is_training is not False:
+        return None
+    cdef double eps = epsilon
+    if not (0.0 <= eps < float("inf")):
+        return None
+    cdef int nt = _plain_threads(n_threads)
+    if nt < 0:
+        return None
+    cdef cnp.ndarray xa = <cnp.ndarray>x
+    cdef cnp.ndarray dya = <cnp.ndarray>y_backprop
+    if not cnp.PyArray_SAMESHAPE(xa, dya):
+        return None
+    cdef int layout
+    cdef int64_t outer, channels, inner
+    if _geometry(xa, data_format, &layout, &outer, &channels, &inner) < 0:
+        return None
+    cdef int vtype = cnp.NPY_DOUBLE if dt == 1 else cnp.NPY_FLOAT
+    if not (_plain_vector(scale, vtype, channels) and _plain_vector(reserve_space_1, vtype, channels)
+            and _plain_vector(reserve_space_2, vtype, channels)):
+        return None
+    dx = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(xa), cnp.PyArray_DIMS(xa), cnp.PyArray_TYPE(xa), 0)
+    dscale = _empty_like_vec(channels, vtype)
+    doffset = _empty_like_vec(channels, vtype)
+    backward(dt, layout, outer, channels, inner, nt, is_training, y_backprop, x, scale,
+             reserve_space_1, reserve_space_2, eps, dx, dscale, doffset)
+    return _grad_result(dx, dscale, doffset)

@@ -63,6 +63,25 @@ static int thread_count(const cfbn_shape *s)
     return total < SERIAL_ELEMS ? 1 : s->n_threads;
 }
 
+/* Run fn(ctx, t) for t in [0, tasks).  With one thread no parallel region
+ * is entered at all: even an if(0) region costs a microsecond in libgomp,
+ * which is most of a small tensor's call. */
+typedef void (*task_fn)(void *ctx, int64_t t);
+
+static void parallel_for(int nt, int64_t tasks, task_fn fn, void *ctx)
+{
+#ifdef _OPENMP
+    if (nt > 1 && tasks > 1) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t t = 0; t < tasks; t++) fn(ctx, t);
+        return;
+    }
+#else
+    (void)nt;
+#endif
+    for (int64_t t = 0; t < tasks; t++) fn(ctx, t);
+}
+
 /* ---- work plan ---- */
 
 typedef struct {
@@ -355,6 +374,26 @@ static int is_reduction(int kind)
     return kind == PASS_STATS || kind == PASS_GSTATS;
 }
 
+typedef struct {
+    const pass *ps;
+    const double *shift;
+    double *part;
+} pass_task;
+
+static void first_task(void *ctx, int64_t t)
+{
+    const pass_task *pt = ctx;
+    double dummy[2];
+    int64_t G = pt->ps->p->G;
+    first_piece(pt->ps, pt->shift, t / G, t % G, pt->part ? pt->part + 2 * t : dummy);
+}
+
+static void last_task(void *ctx, int64_t q)
+{
+    const pass_task *pt = ctx;
+    last_piece(pt->ps, pt->shift, q, pt->part ? pt->part + 2 * pt->ps->p->W * q : NULL);
+}
+
 /* Run one pass over the whole tensor.  For reductions, sums[2*c] and
  * sums[2*c+1] receive the channel's two sums.  Returns -1 on allocation
  * failure. */
@@ -363,74 +402,74 @@ static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
     const plan *p = ps->p;
     int64_t C = p->C;
     int red = is_reduction(ps->kind);
-    (void)nt;
+    pass_task pt = { ps, shift, NULL };
     if (p->layout == CFBN_CHANNELS_FIRST) {
         /* channels-first: tasks are (channel, piece) */
         int64_t tasks = C * p->G;
-        double *part = NULL;
         if (red) {
-            part = malloc((size_t)(tasks > 0 ? tasks : 1) * 2 * sizeof(double));
-            if (!part) return -1;
+            pt.part = malloc((size_t)(tasks > 0 ? tasks : 1) * 2 * sizeof(double));
+            if (!pt.part) return -1;
         }
-        double dummy[2];
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-#endif
-        for (int64_t t = 0; t < tasks; t++) {
-            first_piece(ps, shift, t / p->G, t % p->G, red ? part + 2 * t : dummy);
-        }
+        parallel_for(nt, tasks, first_task, &pt);
         if (red) {
             for (int64_t c = 0; c < C; c++) {
                 double s1 = 0.0, s2 = 0.0;
                 for (int64_t g = 0; g < p->G; g++) {
-                    s1 += part[2 * (c * p->G + g)];
-                    s2 += part[2 * (c * p->G + g) + 1];
+                    s1 += pt.part[2 * (c * p->G + g)];
+                    s2 += pt.part[2 * (c * p->G + g) + 1];
                 }
                 sums[2 * c] = s1;
                 sums[2 * c + 1] = s2;
             }
-            free(part);
+            free(pt.part);
         }
         return 0;
     }
     /* channels-last: tasks are row pieces, plus the tail */
     int64_t tasks = p->pieces + (p->tail > 0);
     int64_t W = p->W;
-    double *part = NULL;
     if (red) {
-        part = malloc((size_t)(tasks > 0 ? tasks : 1) * 2 * (size_t)W * sizeof(double));
-        if (!part) return -1;
+        pt.part = malloc((size_t)(tasks > 0 ? tasks : 1) * 2 * (size_t)W * sizeof(double));
+        if (!pt.part) return -1;
     }
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-#endif
-    for (int64_t q = 0; q < tasks; q++) {
-        last_piece(ps, shift, q, red ? part + 2 * W * q : NULL);
-    }
+    parallel_for(nt, tasks, last_task, &pt);
     if (red) {
         for (int64_t c = 0; c < C; c++) sums[2 * c] = sums[2 * c + 1] = 0.0;
         for (int64_t q = 0; q < tasks; q++) {
             int64_t w = q == p->pieces ? p->tail : W;
-            const double *a = part + 2 * W * q;
-            for (int64_t j = 0; j < w; j++) {
-                sums[2 * (j % C)] += a[j];
-                sums[2 * (j % C) + 1] += a[w + j];
+            const double *a = pt.part + 2 * W * q;
+            /* column j is channel j mod C; w is a multiple of C */
+            for (int64_t j0 = 0; j0 < w; j0 += C) {
+                for (int64_t c = 0; c < C; c++) {
+                    sums[2 * c] += a[j0 + c];
+                    sums[2 * c + 1] += a[w + j0 + c];
+                }
             }
         }
-        free(part);
+        free(pt.part);
     }
     return 0;
+}
+
+/* Repeat the first C elements of an array of len elements (a multiple of C)
+ * across the rest, doubling the copied block each time. */
+static void repeat_block(char *base, size_t esize, int64_t C, int64_t len)
+{
+    for (int64_t have = C; have < len;) {
+        int64_t n = have < len - have ? have : len - have;
+        memcpy(base + (size_t)have * esize, base, (size_t)n * esize);
+        have += n;
+    }
 }
 
 /* Channels-last parameters are laid out per column of the widened row. */
 static void tile_params(params *pp, int count, int64_t C)
 {
     if (C == 0) return;
+    size_t esize = pp->d ? sizeof(double) : sizeof(float);
+    char *base = pp->d ? (char *)pp->d : (char *)pp->f;
     for (int k = 0; k < count; k++) {
-        for (int64_t j = C; j < pp->len; j++) {
-            if (pp->d) pp->d[k * pp->len + j] = pp->d[k * pp->len + j % C];
-            else pp->f[k * pp->len + j] = pp->f[k * pp->len + j % C];
-        }
+        repeat_block(base + (size_t)(k * pp->len) * esize, esize, C, pp->len);
     }
 }
 
@@ -445,12 +484,12 @@ static double *make_shift(const plan *p, const cfbn_shape *s, const void *x)
     int64_t len = param_len(p, s->layout);
     double *shift = malloc((size_t)(len > 0 ? len : 1) * sizeof(double));
     if (!shift) return NULL;
-    for (int64_t j = 0; j < len; j++) {
-        int64_t c = p->C ? j % p->C : 0;
-        if (p->n == 0) shift[j] = 0.0;
-        else if (s->layout == CFBN_CHANNELS_FIRST) shift[j] = elem_get(x, p->dtype, c * p->S);
-        else shift[j] = elem_get(x, p->dtype, c);
+    for (int64_t c = 0; c < p->C; c++) {
+        if (p->n == 0) shift[c] = 0.0;
+        else if (s->layout == CFBN_CHANNELS_FIRST) shift[c] = elem_get(x, p->dtype, c * p->S);
+        else shift[c] = elem_get(x, p->dtype, c);
     }
+    if (p->C > 0) repeat_block((char *)shift, sizeof(double), p->C, len);
     return shift;
 }
 
@@ -498,6 +537,22 @@ static void forward_channel(const plan *p, const fwd_args *a, params *pp, int64_
     params_set(pp, P_BETA, c, beta);
 }
 
+typedef struct {
+    const pass *stats, *apply;
+    const fwd_args *a;
+    params *pp;
+    const double *shift;
+} fused_fwd;
+
+static void fused_forward_task(void *ctx, int64_t c)
+{
+    const fused_fwd *f = ctx;
+    double acc[2];
+    first_piece(f->stats, f->shift, c, 0, acc);
+    forward_channel(f->stats->p, f->a, f->pp, c, f->shift[c], acc[0], acc[1]);
+    first_piece(f->apply, f->shift, c, 0, acc);
+}
+
 int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
                           const void *x, const void *scale, const void *offset,
                           const void *mean, const void *variance,
@@ -522,15 +577,8 @@ int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
     if (s->layout == CFBN_CHANNELS_FIRST && p.G == 1) {
         /* One task per channel: its statistics, then its normalization while
          * the channel's planes are still in this core's cache. */
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-#endif
-        for (int64_t c = 0; c < p.C; c++) {
-            double acc[2];
-            first_piece(&st, shift, c, 0, acc);
-            forward_channel(&p, &a, &pp, c, shift[c], acc[0], acc[1]);
-            first_piece(&ap, shift, c, 0, acc);
-        }
+        fused_fwd ctx = { &st, &ap, &a, &pp, shift };
+        parallel_for(nt, p.C, fused_forward_task, &ctx);
         rc = 0;
         goto done;
     }
@@ -613,6 +661,21 @@ static void backward_channel(const plan *p, const bwd_args *a, params *pp, int64
     }
 }
 
+typedef struct {
+    const pass *stats, *apply;
+    const bwd_args *a;
+    params *pp;
+} fused_bwd;
+
+static void fused_backward_task(void *ctx, int64_t c)
+{
+    const fused_bwd *f = ctx;
+    double acc[2];
+    first_piece(f->stats, NULL, c, 0, acc);
+    backward_channel(f->stats->p, f->a, f->pp, c, acc[0], acc[1]);
+    first_piece(f->apply, NULL, c, 0, acc);
+}
+
 int cfbn_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
                   const void *dy, const void *x, const void *scale,
                   const void *saved_mean, const void *saved_variance, double epsilon,
@@ -638,15 +701,8 @@ int cfbn_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
     pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx };
     if (training && s->layout == CFBN_CHANNELS_FIRST && p.G == 1) {
         /* One task per channel: sums, then dx while dy and x are in cache. */
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-#endif
-        for (int64_t c = 0; c < p.C; c++) {
-            double acc[2];
-            first_piece(&gs, NULL, c, 0, acc);
-            backward_channel(&p, &a, &pp, c, acc[0], acc[1]);
-            first_piece(&ga, NULL, c, 0, acc);
-        }
+        fused_bwd ctx = { &gs, &ga, &a, &pp };
+        parallel_for(nt, p.C, fused_backward_task, &ctx);
         rc = 0;
         goto done;
     }
