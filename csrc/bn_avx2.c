@@ -532,6 +532,116 @@ INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows
     }
 }
 
+/* ---- float32 with non-temporal stores ----
+ * For outputs far larger than the caches: a streaming store writes the line
+ * without reading it first (no read-for-ownership), a third of a pass's
+ * memory traffic.  16-byte stores, because large NumPy buffers are only
+ * 16-byte aligned; the sfence orders them before the caller's barrier. */
+
+INLINE void st8_nt(float *p, __m256 v)
+{
+    _mm_stream_ps(p, _mm256_castps256_ps128(v));
+    _mm_stream_ps(p + 4, _mm256_extractf128_ps(v, 1));
+}
+
+/* elements before p reaches 16-byte alignment (p is float-aligned) */
+INLINE int64_t peel16(const float *p, int64_t n)
+{
+    int64_t k = (int64_t)((16 - ((uintptr_t)p & 15)) & 15) / 4;
+    return k < n ? k : n;
+}
+
+static void apply_run_f32_nt(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
+{
+    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
+    __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]);
+    int64_t i = peel16(y, n);
+    if (i) st_part(y, 0, apply_ps(ld_part(x, 0, i, n, 0), m, l, a, b), i, 0);
+    for (; i + 16 <= n; i += 16) {
+        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        st8_nt(y + i, apply_ps(v0, m, l, a, b));
+        st8_nt(y + i + 8, apply_ps(v1, m, l, a, b));
+    }
+    for (; i + 8 <= n; i += 8) st8_nt(y + i, apply_ps(_mm256_loadu_ps(x + i), m, l, a, b));
+    if (i < n) st_part(y, i, apply_ps(ld_part(x, i, n - i, n - i, 0), m, l, a, b), n - i, 0);
+    _mm_sfence();
+}
+
+/* rows of w (a multiple of 4) starting 16-byte aligned */
+static void apply_rows_f32_nt(const float *x, float *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+{
+    const int64_t full = w & ~(int64_t)7, cnt = w - full;
+    __m256 tm = _mm256_setzero_ps(), tl = tm, ta = tm, tb = tm;
+    if (cnt) {
+        __m256i mk = mask_ps(cnt);
+        tm = _mm256_maskload_ps(p->mhi + full, mk);
+        tl = _mm256_maskload_ps(p->mlo + full, mk);
+        ta = _mm256_maskload_ps(p->alpha + full, mk);
+        tb = _mm256_maskload_ps(p->beta + full, mk);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * w;
+        float *yr = y + r * w;
+        for (int64_t j = 0; j < full; j += 8) {
+            st8_nt(yr + j, apply_ps(_mm256_loadu_ps(xr + j), _mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j),
+                                    _mm256_loadu_ps(p->alpha + j), _mm256_loadu_ps(p->beta + j)));
+        }
+        if (cnt) st_part(yr, full, apply_ps(_mm256_maskload_ps(xr + full, mask_ps(cnt)), tm, tl, ta, tb), cnt, 0);
+    }
+    _mm_sfence();
+}
+
+static void gapply_run_f32_nt(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
+{
+    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
+    __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
+    int64_t i = peel16(dx, n);
+    if (i) st_part(dx, 0, gapply_ps(ld_part(dy, 0, i, n, 0), ld_part(x, 0, i, n, 0), m, l, a, b, c), i, 0);
+    for (; i + 8 <= n; i += 8)
+        st8_nt(dx + i, gapply_ps(_mm256_loadu_ps(dy + i), _mm256_loadu_ps(x + i), m, l, a, b, c));
+    if (i < n) {
+        int64_t k = n - i;
+        st_part(dx, i, gapply_ps(ld_part(dy, i, k, k, 0), ld_part(x, i, k, k, 0), m, l, a, b, c), k, 0);
+    }
+    _mm_sfence();
+}
+
+static void gapply_rows_f32_nt(const float *dy, const float *x, float *dx, int64_t rows, int64_t w,
+                               const cfbn_grad_f32 *p)
+{
+    const int64_t full = w & ~(int64_t)7, cnt = w - full;
+    __m256 tm = _mm256_setzero_ps(), tl = tm, ta = tm, tb = tm, tc = tm;
+    if (cnt) {
+        __m256i mk = mask_ps(cnt);
+        tm = _mm256_maskload_ps(p->mhi + full, mk);
+        tl = _mm256_maskload_ps(p->mlo + full, mk);
+        ta = _mm256_maskload_ps(p->a + full, mk);
+        tb = _mm256_maskload_ps(p->b + full, mk);
+        tc = _mm256_maskload_ps(p->c + full, mk);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const float *dr = dy + r * w, *xr = x + r * w;
+        float *o = dx + r * w;
+        for (int64_t j = 0; j < full; j += 8) {
+            st8_nt(o + j, gapply_ps(_mm256_loadu_ps(dr + j), _mm256_loadu_ps(xr + j), _mm256_loadu_ps(p->mhi + j),
+                                    _mm256_loadu_ps(p->mlo + j), _mm256_loadu_ps(p->a + j), _mm256_loadu_ps(p->b + j),
+                                    _mm256_loadu_ps(p->c + j)));
+        }
+        if (cnt) {
+            __m256i mk = mask_ps(cnt);
+            st_part(o, full, gapply_ps(_mm256_maskload_ps(dr + full, mk), _mm256_maskload_ps(xr + full, mk),
+                                       tm, tl, ta, tb, tc), cnt, 0);
+        }
+    }
+    _mm_sfence();
+}
+
+/* streaming pays only with whole aligned rows */
+INLINE int rows_stream_ok(const float *out, int64_t w)
+{
+    return ((uintptr_t)out & 15) == 0 && (w & 3) == 0 && w >= 16;
+}
+
 /* ---- float32 ---- */
 
 static void stats_run_f32(const float *x, int64_t n, double shift, double *acc)
@@ -546,12 +656,14 @@ static void stats_rows_f32(const float *x, int64_t rows, int64_t w, const double
 
 static void apply_run_f32(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
 {
-    apply_run_ps(x, y, n, p, 0);
+    if (p->stream) apply_run_f32_nt(x, y, n, p);
+    else apply_run_ps(x, y, n, p, 0);
 }
 
 static void apply_rows_f32(const float *x, float *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
 {
-    apply_rows_ps(x, y, rows, w, p, 0);
+    if (p->stream && rows_stream_ok(y, w)) apply_rows_f32_nt(x, y, rows, w, p);
+    else apply_rows_ps(x, y, rows, w, p, 0);
 }
 
 static void gstats_run_f32(const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
@@ -566,12 +678,14 @@ static void gstats_rows_f32(const float *dy, const float *x, int64_t rows, int64
 
 static void gapply_run_f32(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
 {
-    gapply_run_ps(dy, x, dx, n, p, 0);
+    if (p->stream) gapply_run_f32_nt(dy, x, dx, n, p);
+    else gapply_run_ps(dy, x, dx, n, p, 0);
 }
 
 static void gapply_rows_f32(const float *dy, const float *x, float *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
 {
-    gapply_rows_ps(dy, x, dx, rows, w, p, 0);
+    if (p->stream && rows_stream_ok(dx, w)) gapply_rows_f32_nt(dy, x, dx, rows, w, p);
+    else gapply_rows_ps(dy, x, dx, rows, w, p, 0);
 }
 
 /* ---- float16 storage, float compute ---- */

@@ -41,12 +41,16 @@ enum cfbn_isa { CFBN_ISA_SCALAR = 0, CFBN_ISA_AVX2 = 1, CFBN_ISA_NEON = 2, CFBN_
 /* Per-channel (or per-column) parameters of the normalization pass:
  *   y = ((x - mhi) - mlo) * alpha + beta
  * Room is kept here for later fields (a fused activation, a side input);
- * kernels read only what they know. */
+ * kernels read only what they know.
+ * stream: a hint that the output is far larger than the caches, so a kernel
+ * may write it with non-temporal stores; results are the same either way. */
 typedef struct {
     const float *mhi, *mlo, *alpha, *beta;
+    int stream;
 } cfbn_apply_f32;
 typedef struct {
     const double *mhi, *mlo, *alpha, *beta;
+    int stream;
 } cfbn_apply_f64;
 
 /* Parameters of the gradient passes:
@@ -54,9 +58,11 @@ typedef struct {
  *   gapply: dx = dy * a + (((x - mhi) - mlo) * b + c)   */
 typedef struct {
     const float *mhi, *mlo, *a, *b, *c;
+    int stream;
 } cfbn_grad_f32;
 typedef struct {
     const double *mhi, *mlo, *a, *b, *c;
+    int stream;
 } cfbn_grad_f64;
 
 /* One ISA's kernels.  Contracts (n, rows, w >= 0; "acc" outputs are double):

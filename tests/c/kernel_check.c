@@ -79,8 +79,13 @@ static void free_guarded(region *rg) { munmap(rg->base, rg->len); }
 #define GUARD 16
 static const unsigned char GUARD_BYTE = 0xa5;
 
-/* Output buffer: GUARD elements of GUARD_BYTE either side; one element of
- * misalignment so no ISA can rely on vector-aligned outputs. */
+/* Output buffer: GUARD elements of GUARD_BYTE either side; by default one
+ * element of misalignment so no ISA can rely on vector-aligned outputs.
+ * g_misalign = 0 gives a 16-byte aligned output, the case in which the
+ * streaming (non-temporal) paths are taken. */
+static int g_misalign = 1;
+/* the stream hint handed to the kernels under test */
+static int g_stream = 0;
 typedef struct {
     unsigned char *raw;
     unsigned char *p;
@@ -93,7 +98,7 @@ static void out_init(outbuf *o, size_t count, size_t es)
     o->bytes = count * es;
     o->raw = malloc(o->bytes + (2 * GUARD + 1) * es);
     if (!o->raw) exit(2);
-    o->p = o->raw + (GUARD + 1) * es;
+    o->p = o->raw + (GUARD + g_misalign) * es;
     memset(o->raw, GUARD_BYTE, o->bytes + (2 * GUARD + 1) * es);
 }
 
@@ -117,7 +122,7 @@ static void out_poison(outbuf *o)
 
 static int out_guards_ok(const outbuf *o)
 {
-    for (size_t i = 0; i < (GUARD + 1) * o->es; i++)
+    for (size_t i = 0; i < (size_t)(o->p - o->raw); i++)
         if (o->raw[i] != GUARD_BYTE) return 0;
     for (size_t i = 0; i < GUARD * o->es; i++)
         if (o->p[o->bytes + i] != GUARD_BYTE) return 0;
@@ -243,8 +248,8 @@ static void call(const cfbn_kernels *k, int kind, const tcase *t, const void *x,
     int64_t n = t->n, r = t->rows, w = t->w;
     int rows = t->rows_kind;
     if (t->dt == CFBN_F32 || t->dt == CFBN_F16) {
-        cfbn_apply_f32 ap = {t->mhi, t->mlo, t->pa, t->pb};
-        cfbn_grad_f32 gp = {t->mhi, t->mlo, t->pa, t->pb, t->pc};
+        cfbn_apply_f32 ap = {t->mhi, t->mlo, t->pa, t->pb, g_stream};
+        cfbn_grad_f32 gp = {t->mhi, t->mlo, t->pa, t->pb, t->pc, g_stream};
         if (t->dt == CFBN_F32) {
             switch (kind) {
             case K_STATS:
@@ -283,8 +288,8 @@ static void call(const cfbn_kernels *k, int kind, const tcase *t, const void *x,
             }
         }
     } else {
-        cfbn_apply_f64 ap = {t->mhi, t->mlo, t->pa, t->pb};
-        cfbn_grad_f64 gp = {t->mhi, t->mlo, t->pa, t->pb, t->pc};
+        cfbn_apply_f64 ap = {t->mhi, t->mlo, t->pa, t->pb, g_stream};
+        cfbn_grad_f64 gp = {t->mhi, t->mlo, t->pa, t->pb, t->pc, g_stream};
         switch (kind) {
         case K_STATS:
             if (rows) k->stats_rows_f64(x, r, w, t->shift, out);
@@ -405,7 +410,17 @@ static void check_case(const cfbn_kernels *k, int dt, int rows_kind, int64_t row
     case_make(&t, dt, rows_kind, rows, w, scenario);
     for (int kind = 0; kind < 4; kind++) {
         check_one(k, kind, &t, scenario, 0);
-        if (kind == K_APPLY || kind == K_GAPPLY) check_one(k, kind, &t, scenario, 1);
+        if (kind == K_APPLY || kind == K_GAPPLY) {
+            check_one(k, kind, &t, scenario, 1);
+            /* the streaming-store hint, on aligned and misaligned outputs */
+            g_stream = 1;
+            for (g_misalign = 0; g_misalign <= 1; g_misalign++) {
+                check_one(k, kind, &t, scenario, 0);
+                check_one(k, kind, &t, scenario, 1);
+            }
+            g_stream = 0;
+            g_misalign = 1;
+        }
     }
     case_free(&t);
 }
@@ -414,7 +429,7 @@ static void check_table(const cfbn_kernels *k)
 {
     static const int64_t ns[] = {0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 23, 31, 32, 33, 63, 64, 65, 257, 1000, 4099};
     static const int64_t rows[] = {0, 1, 2, 3, 7, 9, 33};
-    static const int64_t ws[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 24, 31, 32, 33, 64, 257, 1000};
+    static const int64_t ws[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 20, 24, 31, 32, 33, 36, 64, 100, 257, 1000};
     long before_pass = n_pass, before_fail = n_fail;
     for (int dt = 0; dt < 3; dt++) {
         for (int s = 0; s < 4; s++) {
