@@ -43,6 +43,18 @@ cdef extern from "cfbn.h":
                       const void *dy, const void *x, const void *scale,
                       const void *saved_mean, const void *saved_variance, double epsilon,
                       void *dx, void *scale_backprop, void *offset_backprop) nogil
+    int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x,
+                        double *mean, double *m2) nogil
+    int cfbn_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *x, const void *scale,
+                   const void *offset, const double *mean, const double *variance, double epsilon,
+                   void *y) nogil
+    int cfbn_grad_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *dy,
+                             const void *x, const double *mean, const double *variance,
+                             double epsilon, double *sum_dy, double *sum_dy_xhat) nogil
+    int cfbn_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, const void *x,
+                        const void *scale, const double *mean, const double *variance,
+                        double epsilon, const double *sum_dy, const double *sum_dy_xhat,
+                        double count, void *dx) nogil
     int cfbn_openmp_enabled()
     int cfbn_openmp_max_threads()
 
@@ -180,6 +192,75 @@ def backward(int dtype, int layout, int64_t outer, int64_t channels, int64_t inn
         raise MemoryError("cfbn: out of memory for scratch buffers")
 
 
+def statistics(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
+               int n_threads, x, mean, m2):
+    cdef cfbn_shape s
+    _shape(&s, dtype, layout, outer, channels, inner, n_threads)
+    cdef void *px = _ptr(x)
+    cdef double *pmean = <double *>_ptr(mean)
+    cdef double *pm2 = <double *>_ptr(m2)
+    cdef int rc
+    with nogil:
+        rc = cfbn_statistics(_table, &s, px, pmean, pm2)
+    if rc != 0:
+        raise MemoryError("cfbn: out of memory for scratch buffers")
+
+
+def apply(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
+          int n_threads, x, scale, offset, mean, variance, double epsilon, y):
+    cdef cfbn_shape s
+    _shape(&s, dtype, layout, outer, channels, inner, n_threads)
+    cdef void *px = _ptr(x)
+    cdef void *pscale = _ptr(scale)
+    cdef void *poffset = _ptr(offset)
+    cdef double *pmean = <double *>_ptr(mean)
+    cdef double *pvar = <double *>_ptr(variance)
+    cdef void *py = _ptr(y)
+    cdef int rc
+    with nogil:
+        rc = cfbn_apply(_table, &s, px, pscale, poffset, pmean, pvar, epsilon, py)
+    if rc != 0:
+        raise MemoryError("cfbn: out of memory for scratch buffers")
+
+
+def grad_statistics(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
+                    int n_threads, dy, x, mean, variance, double epsilon, sum_dy, sum_dy_xhat):
+    cdef cfbn_shape s
+    _shape(&s, dtype, layout, outer, channels, inner, n_threads)
+    cdef void *pdy = _ptr(dy)
+    cdef void *px = _ptr(x)
+    cdef double *pmean = <double *>_ptr(mean)
+    cdef double *pvar = <double *>_ptr(variance)
+    cdef double *psdy = <double *>_ptr(sum_dy)
+    cdef double *psdx = <double *>_ptr(sum_dy_xhat)
+    cdef int rc
+    with nogil:
+        rc = cfbn_grad_statistics(_table, &s, pdy, px, pmean, pvar, epsilon, psdy, psdx)
+    if rc != 0:
+        raise MemoryError("cfbn: out of memory for scratch buffers")
+
+
+def grad_apply(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
+               int n_threads, dy, x, scale, mean, variance, double epsilon, sum_dy, sum_dy_xhat,
+               double count, dx):
+    cdef cfbn_shape s
+    _shape(&s, dtype, layout, outer, channels, inner, n_threads)
+    cdef void *pdy = _ptr(dy)
+    cdef void *px = _ptr(x)
+    cdef void *pscale = _ptr(scale)
+    cdef double *pmean = <double *>_ptr(mean)
+    cdef double *pvar = <double *>_ptr(variance)
+    cdef double *psdy = <double *>_ptr(sum_dy)
+    cdef double *psdx = <double *>_ptr(sum_dy_xhat)
+    cdef void *pdx = _ptr(dx)
+    cdef int rc
+    with nogil:
+        rc = cfbn_grad_apply(_table, &s, pdy, px, pscale, pmean, pvar, epsilon, psdy, psdx,
+                             count, pdx)
+    if rc != 0:
+        raise MemoryError("cfbn: out of memory for scratch buffers")
+
+
 def overlaps(a, b):
     """True when two C-contiguous arrays' byte ranges intersect but are not
     the very same range (the same range is an in-place call)."""
@@ -259,10 +340,9 @@ cdef inline int _plain_threads(object n_threads):
     """n_threads as the C driver takes it (0 = OpenMP default), or -1."""
     if n_threads is None:
         return 0
-    if type(n_threads) is not int:
+    if type(n_threads) is not int or not (1 <= n_threads <= 1024):
         return -1
-    cdef long n = n_threads
-    return <int>n if 1 <= n <= 1024 else -1
+    return <int>n_threads
 
 
 cdef inline int _geometry(cnp.ndarray x, object data_format, int *layout, int64_t *outer,

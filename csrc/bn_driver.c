@@ -504,6 +504,47 @@ static double *make_shift(const plan *p, const cfbn_shape *s, const void *x)
     return shift;
 }
 
+/* ---- per-channel arithmetic shared by the fused and the split calls ---- */
+
+/* Mean and sum of squared deviations from a channel's shifted sums. */
+static void channel_moments(int64_t n, double shift, double s1, double s2, double *mean, double *m2)
+{
+    if (n == 0) {
+        *mean = *m2 = NAN;
+        return;
+    }
+    double dn = (double)n;
+    double m = s2 - s1 * (s1 / dn);
+    *mean = shift + s1 / dn;
+    *m2 = m < 0.0 ? 0.0 : m;
+}
+
+/* Normalization parameters of channel c from its mean and variance. */
+static void set_apply_params(params *pp, int64_t c, double mean, double var, double gamma, double beta,
+                             double epsilon)
+{
+    double r = 1.0 / sqrt(var + epsilon);
+    params_set_mean(pp, P_MHI, P_MLO, c, mean);
+    params_set(pp, P_ALPHA, c, gamma * r);
+    params_set(pp, P_BETA, c, beta);
+}
+
+/* Gradient parameters of channel c: dx = dy*a + (x - mean)*b + c, where
+ * count is the number of elements the statistics were taken over (the whole
+ * batch, which for a synchronized batch norm is more than this tensor). */
+static void set_grad_params(params *pp, int64_t c, int training, double count, double gamma, double r,
+                            double sum_dy, double sum_dy_xhat)
+{
+    params_set(pp, G_A, c, gamma * r);
+    if (training && count > 0) {
+        params_set(pp, G_B, c, -gamma * r * r * sum_dy_xhat / count);
+        params_set(pp, G_C, c, -gamma * r * sum_dy / count);
+    } else {
+        params_set(pp, G_B, c, 0.0);
+        params_set(pp, G_C, c, 0.0);
+    }
+}
+
 /* ---- forward ---- */
 
 typedef struct {
@@ -524,14 +565,9 @@ static void forward_channel(const plan *p, const fwd_args *a, params *pp, int64_
     double f = a->factor;
     double run_mean = f != 1.0 ? vec_get(a->mean, dt, c) : 0.0;
     double run_var = f != 1.0 ? vec_get(a->variance, dt, c) : 0.0;
-    double n = (double)p->n, mu, var;
-    if (p->n == 0) {
-        mu = var = NAN;
-    } else {
-        mu = shift + s1 / n;
-        double m2 = s2 - s1 * (s1 / n);
-        var = (m2 < 0.0 ? 0.0 : m2) / n;
-    }
+    double n = (double)p->n, mu, m2;
+    channel_moments(p->n, shift, s1, s2, &mu, &m2);
+    double var = m2 / n;
     double unbiased = p->n > 1 ? var * (n / (n - 1.0)) : var;
     double bm = mu, bv = unbiased;
     if (f != 1.0) {
@@ -542,10 +578,7 @@ static void forward_channel(const plan *p, const fwd_args *a, params *pp, int64_
     vec_set(a->batch_variance, dt, c, bv);
     vec_set(a->saved_mean, dt, c, mu);
     vec_set(a->saved_variance, dt, c, var);
-    double r = 1.0 / sqrt(var + a->epsilon);
-    params_set_mean(pp, P_MHI, P_MLO, c, mu);
-    params_set(pp, P_ALPHA, c, gamma * r);
-    params_set(pp, P_BETA, c, beta);
+    set_apply_params(pp, c, mu, var, gamma, beta, a->epsilon);
 }
 
 typedef struct {
@@ -605,29 +638,20 @@ done:
     return rc;
 }
 
-int cfbn_forward_inference(const cfbn_kernels *k, const cfbn_shape *s,
-                           const void *x, const void *scale, const void *offset,
-                           const void *mean, const void *variance, double epsilon,
-                           void *y, void *batch_mean, void *batch_variance,
-                           void *saved_mean, void *saved_variance)
+/* The normalization pass with given statistics.  stats_dt says how mean and
+ * variance are stored: CFBN_F64 for double, else as the tensor's vectors. */
+static int apply_with_stats(const cfbn_kernels *k, const cfbn_shape *s, const void *x, const void *scale,
+                            const void *offset, const void *mean, const void *variance, int stats_dt,
+                            double epsilon, void *y)
 {
     plan p;
     make_plan(s, &p);
-    int dt = s->dtype;
     params pp;
-    if (params_init(&pp, dt, param_len(&p, s->layout), P_APPLY_COUNT) < 0) return -1;
+    if (params_init(&pp, s->dtype, param_len(&p, s->layout), P_APPLY_COUNT) < 0) return -1;
     pp.stream = stream_output(s);
     for (int64_t c = 0; c < p.C; c++) {
-        double mu = vec_get(mean, dt, c), var = vec_get(variance, dt, c);
-        double gamma = vec_get(scale, dt, c), beta = vec_get(offset, dt, c);
-        double r = 1.0 / sqrt(var + epsilon);
-        params_set_mean(&pp, P_MHI, P_MLO, c, mu);
-        params_set(&pp, P_ALPHA, c, gamma * r);
-        params_set(&pp, P_BETA, c, beta);
-        vec_set(batch_mean, dt, c, mu);
-        vec_set(batch_variance, dt, c, var);
-        vec_set(saved_mean, dt, c, mu);
-        vec_set(saved_variance, dt, c, var);
+        set_apply_params(&pp, c, vec_get(mean, stats_dt, c), vec_get(variance, stats_dt, c),
+                         vec_get(scale, s->dtype, c), vec_get(offset, s->dtype, c), epsilon);
     }
     if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, P_APPLY_COUNT, p.C);
     pass ap = { k, &p, &pp, PASS_APPLY, x, NULL, y };
@@ -636,19 +660,65 @@ int cfbn_forward_inference(const cfbn_kernels *k, const cfbn_shape *s,
     return rc;
 }
 
+int cfbn_forward_inference(const cfbn_kernels *k, const cfbn_shape *s,
+                           const void *x, const void *scale, const void *offset,
+                           const void *mean, const void *variance, double epsilon,
+                           void *y, void *batch_mean, void *batch_variance,
+                           void *saved_mean, void *saved_variance)
+{
+    int dt = s->dtype;
+    int rc = apply_with_stats(k, s, x, scale, offset, mean, variance, dt, epsilon, y);
+    /* after the pass: an output may be the array mean or variance came in */
+    for (int64_t c = 0; rc == 0 && c < s->channels; c++) {
+        double mu = vec_get(mean, dt, c), var = vec_get(variance, dt, c);
+        vec_set(batch_mean, dt, c, mu);
+        vec_set(batch_variance, dt, c, var);
+        vec_set(saved_mean, dt, c, mu);
+        vec_set(saved_variance, dt, c, var);
+    }
+    return rc;
+}
+
+int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x, double *mean, double *m2)
+{
+    plan p;
+    make_plan(s, &p);
+    params pp;
+    if (params_init(&pp, s->dtype, param_len(&p, s->layout), P_APPLY_COUNT) < 0) return -1;
+    double *shift = make_shift(&p, s, x);
+    double *sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
+    int rc = -1;
+    if (shift && sums) {
+        pass st = { k, &p, &pp, PASS_STATS, x, NULL, NULL };
+        rc = run_pass(&st, shift, thread_count(s), sums);
+        for (int64_t c = 0; rc == 0 && c < p.C; c++)
+            channel_moments(p.n, shift[c], sums[2 * c], sums[2 * c + 1], &mean[c], &m2[c]);
+    }
+    free(shift);
+    free(sums);
+    params_free(&pp);
+    return rc;
+}
+
+int cfbn_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *x, const void *scale,
+               const void *offset, const double *mean, const double *variance, double epsilon, void *y)
+{
+    return apply_with_stats(k, s, x, scale, offset, mean, variance, CFBN_F64, epsilon, y);
+}
+
 /* ---- gradient ---- */
 
 typedef struct {
     int training;
     const void *scale, *saved_mean, *saved_variance;
+    int stats_dt;          /* how saved_mean and saved_variance are stored */
     double epsilon;
     void *scale_backprop, *offset_backprop;
 } bwd_args;
 
-/* Parameters of the gradient's reduction pass: the saved mean. */
-static void backward_mean(const plan *p, const bwd_args *a, params *pp, int64_t c)
+static double inv_std(const bwd_args *a, int64_t c)
 {
-    params_set_mean(pp, G_MHI, G_MLO, c, vec_get(a->saved_mean, p->dtype, c));
+    return 1.0 / sqrt(vec_get(a->saved_variance, a->stats_dt, c) + a->epsilon);
 }
 
 /* Turn a channel's gradient sums into its outputs and apply parameters. */
@@ -656,22 +726,14 @@ static void backward_channel(const plan *p, const bwd_args *a, params *pp, int64
                              double sum_dy, double sum_dy_xc)
 {
     int dt = p->dtype;
-    double r = 1.0 / sqrt(vec_get(a->saved_variance, dt, c) + a->epsilon);
-    double gamma = vec_get(a->scale, dt, c);
+    double r = inv_std(a, c);
+    double gamma = a->scale ? vec_get(a->scale, dt, c) : 1.0;
     /* An empty batch has zero sums; its saved variance is NaN, and a zero
      * sum times NaN would make the gradient NaN instead of the empty sum. */
     double scale_bp = p->n > 0 ? sum_dy_xc * r : 0.0;
-    vec_set(a->scale_backprop, dt, c, scale_bp);
-    vec_set(a->offset_backprop, dt, c, sum_dy);
-    double n = (double)p->n;
-    params_set(pp, G_A, c, gamma * r);
-    if (a->training && p->n > 0) {
-        params_set(pp, G_B, c, -gamma * r * r * scale_bp / n);
-        params_set(pp, G_C, c, -gamma * r * sum_dy / n);
-    } else {
-        params_set(pp, G_B, c, 0.0);
-        params_set(pp, G_C, c, 0.0);
-    }
+    vec_set(a->scale_backprop, a->stats_dt == CFBN_F64 ? CFBN_F64 : dt, c, scale_bp);
+    vec_set(a->offset_backprop, a->stats_dt == CFBN_F64 ? CFBN_F64 : dt, c, sum_dy);
+    set_grad_params(pp, c, a->training, (double)p->n, gamma, r, sum_dy, scale_bp);
 }
 
 typedef struct {
@@ -689,15 +751,14 @@ static void fused_backward_task(void *ctx, int64_t c)
     first_piece(f->apply, NULL, c, 0, acc);
 }
 
-int cfbn_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
-                  const void *dy, const void *x, const void *scale,
-                  const void *saved_mean, const void *saved_variance, double epsilon,
-                  void *dx, void *scale_backprop, void *offset_backprop)
+/* The gradient: its sums (always) and dx (when dx is not NULL).  With
+ * a->stats_dt == CFBN_F64 the sums are written as double. */
+static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_args *a,
+                        const void *dy, const void *x, void *dx)
 {
     plan p;
     make_plan(s, &p);
     int nt = thread_count(s);
-    bwd_args a = { training, scale, saved_mean, saved_variance, epsilon, scale_backprop, offset_backprop };
     params pp, ip;
     int rc = -1;
     double *sums = NULL;
@@ -709,21 +770,24 @@ int cfbn_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
     pp.stream = ip.stream = stream_output(s);
     sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
     if (!sums) goto done;
-    for (int64_t c = 0; c < p.C; c++) backward_mean(&p, &a, &pp, c);
+    for (int64_t c = 0; c < p.C; c++)
+        params_set_mean(&pp, G_MHI, G_MLO, c, vec_get(a->saved_mean, a->stats_dt, c));
 
     pass gs = { k, &p, &pp, PASS_GSTATS, dy, x, NULL };
     pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx };
-    if (training && s->layout == CFBN_CHANNELS_FIRST && p.G == 1) {
+    if (dx && a->training && s->layout == CFBN_CHANNELS_FIRST && p.G == 1) {
         /* One task per channel: sums, then dx while dy and x are in cache. */
-        fused_bwd ctx = { &gs, &ga, &a, &pp };
+        fused_bwd ctx = { &gs, &ga, a, &pp };
         parallel_for(nt, p.C, fused_backward_task, &ctx);
         rc = 0;
         goto done;
     }
     if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, 2, p.C);
     if (run_pass(&gs, NULL, nt, sums) < 0) goto done;
-    for (int64_t c = 0; c < p.C; c++) backward_channel(&p, &a, &pp, c, sums[2 * c], sums[2 * c + 1]);
-    if (training) {
+    for (int64_t c = 0; c < p.C; c++) backward_channel(&p, a, &pp, c, sums[2 * c], sums[2 * c + 1]);
+    if (!dx) {
+        rc = 0;
+    } else if (a->training) {
         if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, G_COUNT, p.C);
         rc = run_pass(&ga, NULL, nt, NULL);
     } else {
@@ -743,6 +807,45 @@ done:
     free(sums);
     params_free(&pp);
     params_free(&ip);
+    return rc;
+}
+
+int cfbn_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
+                  const void *dy, const void *x, const void *scale,
+                  const void *saved_mean, const void *saved_variance, double epsilon,
+                  void *dx, void *scale_backprop, void *offset_backprop)
+{
+    bwd_args a = { training, scale, saved_mean, saved_variance, s->dtype, epsilon,
+                   scale_backprop, offset_backprop };
+    return backward_run(k, s, &a, dy, x, dx);
+}
+
+int cfbn_grad_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, const void *x,
+                         const double *mean, const double *variance, double epsilon,
+                         double *sum_dy, double *sum_dy_xhat)
+{
+    bwd_args a = { 1, NULL, mean, variance, CFBN_F64, epsilon, sum_dy_xhat, sum_dy };
+    return backward_run(k, s, &a, dy, x, NULL);
+}
+
+int cfbn_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, const void *x,
+                    const void *scale, const double *mean, const double *variance, double epsilon,
+                    const double *sum_dy, const double *sum_dy_xhat, double count, void *dx)
+{
+    plan p;
+    make_plan(s, &p);
+    params pp;
+    if (params_init(&pp, s->dtype, param_len(&p, s->layout), G_COUNT) < 0) return -1;
+    pp.stream = stream_output(s);
+    for (int64_t c = 0; c < p.C; c++) {
+        double r = 1.0 / sqrt(variance[c] + epsilon);
+        params_set_mean(&pp, G_MHI, G_MLO, c, mean[c]);
+        set_grad_params(&pp, c, 1, count, vec_get(scale, s->dtype, c), r, sum_dy[c], sum_dy_xhat[c]);
+    }
+    if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, G_COUNT, p.C);
+    pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx };
+    int rc = run_pass(&ga, NULL, thread_count(s), NULL);
+    params_free(&pp);
     return rc;
 }
 

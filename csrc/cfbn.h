@@ -155,6 +155,26 @@ int cfbn_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
                   const void *saved_mean, const void *saved_variance, double epsilon,
                   void *dx, void *scale_backprop, void *offset_backprop);
 
+/* Split passes, one pass over the tensor each, for statistics that are
+ * merged across micro-batches or processes.  Per-channel statistics and sums
+ * are double; scale and offset are the tensor's vector type.
+ *   statistics:      mean and m2 = sum((x - mean)^2) of each channel (NaN for an
+ *                    empty tensor); count is outer * inner
+ *   apply:           y as the forward pass computes it from mean and variance
+ *   grad_statistics: sum_dy = sum(dy), sum_dy_xhat = sum(dy * (x - mean) / sqrt(variance + eps))
+ *   grad_apply:      dx of the training-mode gradient, from the sums over all
+ *                    `count` elements of the batch
+ * Statistics then apply computes exactly what cfbn_forward_training does. */
+int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x, double *mean, double *m2);
+int cfbn_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *x, const void *scale,
+               const void *offset, const double *mean, const double *variance, double epsilon, void *y);
+int cfbn_grad_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, const void *x,
+                         const double *mean, const double *variance, double epsilon,
+                         double *sum_dy, double *sum_dy_xhat);
+int cfbn_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, const void *x,
+                    const void *scale, const double *mean, const double *variance, double epsilon,
+                    const double *sum_dy, const double *sum_dy_xhat, double count, void *dx);
+
 int cfbn_openmp_enabled(void);
 int cfbn_openmp_max_threads(void);
 
