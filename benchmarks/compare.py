@@ -1,0 +1,592 @@
+#!/usr/bin/env python
+"""cfbn against PyTorch's CPU batch norm on the performance targets.
+
+    python benchmarks/compare.py                 # full run
+    python benchmarks/compare.py --quick         # fewer repeats
+    python benchmarks/compare.py --markdown-out results.md
+
+Prints a markdown report:
+
+* every target cell -- shapes (32,56,56,64) (32,28,28,128) (32,14,14,256)
+  (32,7,7,512) (8,32,32,32) (1,8,8,16), layouts NHWC and NCHW, training
+  forward (running averages updated, factor 0.1), inference forward and
+  training gradient, 1 and 2 threads -- with cfbn's and PyTorch's time, the
+  ratio cfbn/PyTorch and the effective bandwidth (minimal bytes / time:
+  forward 2 x bytes(x), gradient 3 x bytes(x)); then the geometric mean of
+  the ratios and the largest ratio;
+* the large tensor (64,112,112,64) at 2 threads: effective bandwidth of the
+  three ops as a fraction of the copy bandwidth measured in the same run;
+* the per-call overhead on (1,8,8,16).
+
+Method: cfbn and PyTorch run in this one process on the same NumPy memory
+(torch.from_numpy; NHWC is the channels_last view), alternately: each repeat
+times a batch of calls lasting at least --min-batch-ms for one and then the
+other, in alternating order, after a warm-up.  Times are medians over the
+repeats; a cell's ratio is the median of the per-repeat ratios, each taken
+from two neighbouring batches.  Before a cell is timed, its cfbn and PyTorch
+outputs are checked against each other.  Progress goes to stderr.
+"""
+import argparse
+import gc
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _bench_common as bc  # noqa: E402
+
+import cfbn  # noqa: E402
+
+TARGET_GEOMEAN = 0.6
+TARGET_MAX_RATIO = 1.05
+TARGET_FRACTION = {"infer": 0.8, "train": 0.55, "grad": 0.5}
+TARGET_OVERHEAD_US = 3.0
+
+#: Largest normalized difference between cfbn's and PyTorch's outputs
+#: (max |a - b| / max |b|) accepted as the same computation in float32.
+CHECK_TOLERANCE = 2e-4
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- timing
+
+
+def _batch(fn, calls):
+    """Seconds per call over `calls` back-to-back calls, collector off."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - start) / calls
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _calls_for(fn, min_batch):
+    """Warm `fn` up; return the number of calls that lasts `min_batch` seconds."""
+    start = time.perf_counter()
+    n = 0
+    while n < 3 or time.perf_counter() - start < min(0.05, 2 * min_batch):
+        fn()
+        n += 1
+    single = min(_batch(fn, 1) for _ in range(3))
+    return max(1, math.ceil(min_batch / max(single, 1e-9)))
+
+
+def interleaved(fns, repeats, min_batch):
+    """Per-call times of each callable in `fns`, one list of `repeats` samples
+    each, measured alternately (the order flips every repeat)."""
+    calls = [_calls_for(fn, min_batch) for fn in fns]
+    samples = [[] for _ in fns]
+    order = list(range(len(fns)))
+    for r in range(repeats):
+        seq = order if r % 2 == 0 else order[::-1]
+        for i in seq:
+            samples[i].append(_batch(fns[i], calls[i]))
+    return samples
+
+
+class CpuMeter:
+    """CPU time other processes used while a measurement ran, in cores
+    (from /proc/stat less this process's own time); None where unreadable."""
+
+    def __init__(self):
+        self.start = self._snap()
+
+    @staticmethod
+    def _snap():
+        try:
+            with open("/proc/stat") as f:
+                vals = [int(v) for v in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        t = os.times()
+        busy = (sum(vals) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
+        return time.monotonic(), busy, t[0] + t[1]
+
+    def others(self):
+        end = self._snap()
+        if self.start is None or end is None:
+            return None
+        wall = end[0] - self.start[0]
+        if wall <= 0:
+            return None
+        return max(0.0, ((end[1] - self.start[1]) - (end[2] - self.start[2])) / wall)
+
+
+class Retries:
+    """Re-measures a cell while other processes loaded the CPUs, within a
+    total time budget; keeps the attempt with the least foreign load."""
+
+    def __init__(self, count, threshold, budget_s):
+        self.count, self.threshold, self.left = count, threshold, budget_s
+
+    def measure(self, fns, repeats, min_batch):
+        best = None
+        for attempt in range(1 + self.count):
+            start = time.perf_counter()
+            meter = CpuMeter()
+            samples = interleaved(fns, repeats, min_batch)
+            load = meter.others()
+            if attempt:
+                self.left -= time.perf_counter() - start
+            if best is None or (load is not None and load < best[1]):
+                best = (samples, load)
+            if load is None or load <= self.threshold or self.left <= 0 or attempt == self.count:
+                break
+            log("    other processes used %.2f cores meanwhile; measuring again" % load)
+        return best
+
+
+def median(v):
+    return float(np.median(np.asarray(v, dtype=np.float64)))
+
+
+# ---------------------------------------------------------------- checks
+
+
+def _err(a, b):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        return math.inf
+    scale = float(np.max(np.abs(b))) if b.size else 0.0
+    if b.size == 0:
+        return 0.0
+    return float(np.max(np.abs(a - b))) / max(scale, 1e-30)
+
+
+def check_cell(torch, op, d, threads):
+    """cfbn and PyTorch compute the same thing on `d`: their outputs agree.
+
+    Returns the largest normalized difference; raises SystemExit otherwise.
+    """
+    layout = d["layout"]
+    t = bc.torch_args(torch, d)  # fresh running statistics
+    r = bc.cfbn_call(op, d, threads)()
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        p = bc.torch_call(torch, op, t)()
+    finally:
+        torch.set_num_threads(prev)
+    if op == "grad":
+        pairs = [("x_backprop", r.x_backprop, bc.torch_to_numpy(p[0], layout)),
+                 ("scale_backprop", r.scale_backprop, p[1].numpy()),
+                 ("offset_backprop", r.offset_backprop, p[2].numpy())]
+    else:
+        pairs = [("y", r.y, bc.torch_to_numpy(p[0], layout))]
+        if op == "train":
+            invstd = 1.0 / np.sqrt(r.reserve_space_2.astype(np.float64) + bc.EPSILON)
+            pairs += [("running mean", r.batch_mean, t["running_mean"].numpy()),
+                      ("running variance", r.batch_variance, t["running_var"].numpy()),
+                      ("batch mean", r.reserve_space_1, p[1].numpy()),
+                      ("batch inverse std", invstd, p[2].numpy())]
+    worst = 0.0
+    for name, a, b in pairs:
+        e = _err(a, b)
+        worst = max(worst, e)
+        if not e <= CHECK_TOLERANCE:
+            raise SystemExit(
+                "compare.py: cfbn and PyTorch disagree on %s %s %s threads=%d, %s: normalized "
+                "max difference %.3g > %.3g; timing them would compare different computations"
+                % (bc.OPS[op], layout, bc.shape_str(d["shape"]), threads, name, e,
+                   CHECK_TOLERANCE))
+    return worst
+
+
+# ---------------------------------------------------------------- sections
+
+
+def fmt_us(seconds):
+    us = seconds * 1e6
+    if us < 100:
+        return "%.2f" % us
+    if us < 10000:
+        return "%.1f" % us
+    return "%.0f" % us
+
+
+def fmt_load(load):
+    return "?" if load is None else "%.2f" % load
+
+
+def fmt_ms(seconds):
+    return "%.2f" % (seconds * 1e3)
+
+
+def target_cells(args, torch):
+    """Times every target cell; returns the result rows."""
+    rows = []
+    shapes = [s for s in bc.SHAPES if not args.shapes or bc.shape_str(s) in args.shapes]
+    total = len(shapes) * len(bc.LAYOUTS) * len(bc.OPS) * len(args.threads)
+    done = 0
+    for shape in shapes:
+        for layout in bc.LAYOUTS:
+            d = bc.make_inputs(shape, layout)
+            nbytes = d["x"].nbytes
+            for op in bc.OPS:
+                for threads in args.threads:
+                    done += 1
+                    fns = [bc.cfbn_call(op, d, threads)]
+                    check = None
+                    prev = None
+                    if torch is not None:
+                        check = check_cell(torch, op, d, threads)
+                        fns.append(bc.torch_call(torch, op, bc.torch_args(torch, d)))
+                        prev = torch.get_num_threads()
+                        torch.set_num_threads(threads)
+                    try:
+                        samples, load = args.retry.measure(fns, args.repeats, args.min_batch)
+                    finally:
+                        if prev is not None:
+                            torch.set_num_threads(prev)
+                    row = {"shape": shape, "layout": layout, "op": op, "threads": threads,
+                           "bytes": nbytes, "cfbn": median(samples[0]), "check": check,
+                           "load": load}
+                    row["cfbn_gbps"] = bc.gbps(op, nbytes, row["cfbn"])
+                    if torch is not None:
+                        row["torch"] = median(samples[1])
+                        row["torch_gbps"] = bc.gbps(op, nbytes, row["torch"])
+                        row["ratio"] = median([a / b for a, b in zip(samples[0], samples[1])])
+                    rows.append(row)
+                    log("[%d/%d] %s %s %s t%d: cfbn %s us%s; others' load %s" % (
+                        done, total, bc.shape_str(shape), layout, op, threads,
+                        fmt_us(row["cfbn"]),
+                        "" if torch is None else ", torch %s us, ratio %.3f"
+                        % (fmt_us(row["torch"]), row["ratio"]), fmt_load(load)))
+            del d
+    return rows
+
+
+def copy_bandwidth(torch, nbytes, repeats, retry):
+    """Copy bandwidth (2 x bytes / time) of a `nbytes` float32 array:
+    np.copyto (one thread) and, with torch, dst.copy_(src) at 2 threads."""
+    n = nbytes // 4
+    src = np.random.default_rng(1).standard_normal(n, dtype=np.float32)
+    dst = np.empty_like(src)
+    fns = [lambda: np.copyto(dst, src)]
+    prev = None
+    if torch is not None:
+        ts, td = torch.from_numpy(src), torch.from_numpy(dst)
+        fns.append(lambda: td.copy_(ts))
+        prev = torch.get_num_threads()
+        torch.set_num_threads(2)
+    try:
+        samples, load = retry.measure(fns, repeats, 0.02)
+    finally:
+        if prev is not None:
+            torch.set_num_threads(prev)
+    log("  others' load %s" % fmt_load(load))
+    result = {"np.copyto (1 thread)": 2 * src.nbytes / median(samples[0]) / 1e9}
+    if torch is not None:
+        result["torch copy_ (2 threads)"] = 2 * src.nbytes / median(samples[1]) / 1e9
+    return result
+
+
+def large_section(args, torch):
+    shape = bc.LARGE_SHAPE
+    threads = 2
+    nbytes = shape[0] * shape[1] * shape[2] * shape[3] * 4
+    log("copy bandwidth on %.0f MB ..." % (nbytes / 1e6))
+    copy = copy_bandwidth(torch, nbytes, args.large_repeats, args.retry)
+    copy_name, copy_bw = max(copy.items(), key=lambda kv: kv[1])
+    rows = []
+    for layout in bc.LAYOUTS:
+        log("large tensor %s %s: inputs ..." % (bc.shape_str(shape), layout))
+        d = bc.make_inputs(shape, layout)
+        for op in bc.OPS:
+            out = bc.cfbn_out(op, d)
+            fns = [bc.cfbn_call(op, d, threads), bc.cfbn_call(op, d, threads, out=out)]
+            prev = None
+            check = None
+            if torch is not None:
+                check = check_cell(torch, op, d, threads)
+                fns.append(bc.torch_call(torch, op, bc.torch_args(torch, d)))
+                prev = torch.get_num_threads()
+                torch.set_num_threads(threads)
+            try:
+                samples, load = args.retry.measure(fns, args.large_repeats, args.min_batch)
+            finally:
+                if prev is not None:
+                    torch.set_num_threads(prev)
+            row = {"layout": layout, "op": op, "cfbn": median(samples[0]),
+                   "cfbn_out": median(samples[1]), "check": check, "load": load}
+            row["cfbn_gbps"] = bc.gbps(op, d["x"].nbytes, row["cfbn"])
+            row["cfbn_out_gbps"] = bc.gbps(op, d["x"].nbytes, row["cfbn_out"])
+            row["fraction"] = row["cfbn_gbps"] / copy_bw
+            row["out_fraction"] = row["cfbn_out_gbps"] / copy_bw
+            if torch is not None:
+                row["torch"] = median(samples[2])
+                row["torch_gbps"] = bc.gbps(op, d["x"].nbytes, row["torch"])
+            rows.append(row)
+            log("  %s: cfbn %.2f GB/s (%.2f of copy), out= %.2f GB/s%s" % (
+                op, row["cfbn_gbps"], row["fraction"], row["cfbn_out_gbps"],
+                "" if torch is None else ", torch %.2f GB/s" % row["torch_gbps"]))
+            del out
+        del d
+    return copy, copy_name, copy_bw, rows
+
+
+def overhead_section(args, torch):
+    """Per-call time of the smallest target shape: median over many repeats."""
+    d = bc.make_inputs(bc.TINY_SHAPE, "NHWC")
+    x, s, o, m, v = d["x"], d["scale"], d["offset"], d["mean"], d["variance"]
+    fbn, grad = cfbn.fused_batch_norm, cfbn.fused_batch_norm_grad
+    calls = [
+        ("fused_batch_norm(x, scale, offset): training, defaults",
+         lambda: fbn(x, s, o), "plain"),
+        ("training, running averages (exponential_avg_factor=0.1)",
+         lambda: fbn(x, s, o, m, v, exponential_avg_factor=0.1), "train"),
+        ("inference (is_training=False)",
+         lambda: fbn(x, s, o, m, v, is_training=False), "infer"),
+        ("fused_batch_norm_grad, training",
+         lambda: grad(d["dy"], x, s, d["rs1"], d["rs2"]), "grad"),
+    ]
+    rows = []
+    t = bc.torch_args(torch, d) if torch is not None else None
+    for label, fn, op in calls:
+        fns = [fn]
+        if torch is not None:
+            if op == "plain":
+                aten = torch.ops.aten
+                fns.append(lambda: aten.native_batch_norm(t["x"], t["weight"], t["bias"], None,
+                                                          None, True, bc.FACTOR, bc.EPSILON))
+            else:
+                fns.append(bc.torch_call(torch, op, t))
+        samples, load = args.retry.measure(fns, args.overhead_repeats, args.min_batch)
+        row = {"label": label, "op": op, "cfbn": median(samples[0]), "load": load}
+        if torch is not None:
+            row["torch"] = median(samples[1])
+        rows.append(row)
+        log("overhead %s: cfbn %.2f us%s" % (op, row["cfbn"] * 1e6, "" if torch is None
+                                              else ", torch %.2f us" % (row["torch"] * 1e6)))
+    return rows
+
+
+# ---------------------------------------------------------------- report
+
+
+def machine_line(info):
+    return ("Machine: %s, %d cores usable (%d online), ISA %s, OpenMP %s (max threads %d); "
+            "cfbn %s, NumPy %s, PyTorch %s, Python %s" % (
+                info["cpu"], info["cores"], info["cpu_count"], info["isa"],
+                "on" if info["openmp"] else "off", info["max_threads"], info["cfbn"],
+                info["numpy"], info["torch"] or "not installed", info["python"]))
+
+
+def verdict(ok):
+    return "pass" if ok else "**FAIL**"
+
+
+def report(args, info, torch, rows, large, overhead, elapsed, load):
+    out = []
+    w = out.append
+    w("## cfbn vs PyTorch, float32")
+    w("")
+    w(machine_line(info))
+    w("")
+    w("Run: %s, %d repeats per cell (batches of >= %.0f ms%s), medians; load average %s "
+      "at start, %s at end; %.0f s in all."
+      % ("quick" if args.quick else "full", args.repeats, args.min_batch * 1e3,
+         ", cfbn and PyTorch alternating" if torch is not None else "",
+         load[0], load[1], elapsed))
+    if torch is None:
+        w("")
+        w("PyTorch not installed (or --no-torch): cfbn's times only, no ratios.")
+    summary = []
+
+    if rows:
+        w("")
+        w("### Target shapes (N,H,W,C)")
+        w("")
+        if torch is not None:
+            w("| shape | layout | op | threads | cfbn µs | PyTorch µs | cfbn/PyTorch "
+              "| cfbn GB/s | PyTorch GB/s | others' load |")
+            w("|---|---|---|--:|--:|--:|--:|--:|--:|--:|")
+        else:
+            w("| shape | layout | op | threads | cfbn µs | cfbn GB/s | others' load |")
+            w("|---|---|---|--:|--:|--:|--:|")
+        for r in rows:
+            cells = ["(%s)" % ",".join(map(str, r["shape"])), r["layout"], bc.OPS[r["op"]],
+                     str(r["threads"]), fmt_us(r["cfbn"])]
+            if torch is not None:
+                ratio = "%.3f" % r["ratio"]
+                if r["ratio"] > TARGET_MAX_RATIO:
+                    ratio = "**%s**" % ratio
+                cells += [fmt_us(r["torch"]), ratio, "%.2f" % r["cfbn_gbps"],
+                          "%.2f" % r["torch_gbps"]]
+            else:
+                cells += ["%.2f" % r["cfbn_gbps"]]
+            cells.append(fmt_load(r["load"]))
+            w("| " + " | ".join(cells) + " |")
+        loads = [r["load"] for r in rows if r["load"] is not None]
+        if loads:
+            w("")
+            w("Others' load: CPU cores other processes used while the cell was measured "
+              "(median %.2f, max %.2f; %d of %d cells above %.2f after re-measuring)."
+              % (median(loads), max(loads), sum(q > args.busy for q in loads), len(rows),
+                 args.busy))
+        if torch is not None:
+            ratios = [r["ratio"] for r in rows]
+            geo = math.exp(sum(math.log(q) for q in ratios) / len(ratios))
+            worst = max(rows, key=lambda r: r["ratio"])
+            above = [r for r in rows if r["ratio"] > TARGET_MAX_RATIO]
+            w("")
+            w("Geometric mean of cfbn/PyTorch over %d cells: **%.3f** (target <= %.2f: %s)"
+              % (len(ratios), geo, TARGET_GEOMEAN, verdict(geo <= TARGET_GEOMEAN)))
+            w("")
+            w("Largest ratio: **%.3f** at (%s) %s %s, %d thread(s) (target <= %.2f: %s); "
+              "%d cell(s) above %.2f"
+              % (worst["ratio"], ",".join(map(str, worst["shape"])), worst["layout"],
+                 bc.OPS[worst["op"]], worst["threads"], TARGET_MAX_RATIO,
+                 verdict(worst["ratio"] <= TARGET_MAX_RATIO), len(above), TARGET_MAX_RATIO))
+            summary.append(("geometric mean %.3f <= %.2f" % (geo, TARGET_GEOMEAN),
+                            geo <= TARGET_GEOMEAN))
+            summary.append(("largest ratio %.3f <= %.2f" % (worst["ratio"], TARGET_MAX_RATIO),
+                            worst["ratio"] <= TARGET_MAX_RATIO))
+            checks = [r["check"] for r in rows if r["check"] is not None]
+            if checks:
+                w("")
+                w("Outputs checked against PyTorch in every cell before timing: largest "
+                  "normalized difference %.2g (limit %.0g)." % (max(checks), CHECK_TOLERANCE))
+
+    if large is not None:
+        copy, copy_name, copy_bw, lrows = large
+        w("")
+        w("### Large tensor (%s) float32, 2 threads" % ",".join(map(str, bc.LARGE_SHAPE)))
+        w("")
+        w("Copy bandwidth (2 x bytes / time, %.0f MB array): %s; the higher, **%.2f GB/s** "
+          "(%s), is the reference." % (
+              bc.LARGE_SHAPE[0] * bc.LARGE_SHAPE[1] * bc.LARGE_SHAPE[2] * bc.LARGE_SHAPE[3]
+              * 4 / 1e6,
+              ", ".join("%s %.2f GB/s" % kv for kv in copy.items()), copy_bw, copy_name))
+        w("")
+        head = "| layout | op | cfbn ms | cfbn GB/s | fraction of copy | target | result " \
+               "| cfbn out= GB/s (fraction) |"
+        sep = "|---|---|--:|--:|--:|--:|---|--:|"
+        if torch is not None:
+            head += " PyTorch ms | PyTorch GB/s |"
+            sep += "--:|--:|"
+        head += " others' load |"
+        sep += "--:|"
+        w(head)
+        w(sep)
+        for r in lrows:
+            target = TARGET_FRACTION[r["op"]]
+            ok = r["fraction"] >= target
+            cells = [r["layout"], bc.OPS[r["op"]], fmt_ms(r["cfbn"]), "%.2f" % r["cfbn_gbps"],
+                     "%.3f" % r["fraction"], "%.2f" % target, verdict(ok),
+                     "%.2f (%.3f)" % (r["cfbn_out_gbps"], r["out_fraction"])]
+            if torch is not None:
+                cells += [fmt_ms(r["torch"]), "%.2f" % r["torch_gbps"]]
+            cells.append(fmt_load(r["load"]))
+            w("| " + " | ".join(cells) + " |")
+            summary.append(("large %s %s %.3f >= %.2f of copy" % (
+                r["layout"], bc.OPS[r["op"]], r["fraction"], target), ok))
+        w("")
+        w("Fractions use the plain call (outputs allocated by cfbn, as users call it); "
+          "the out= column passes preallocated outputs.")
+
+    if overhead is not None:
+        w("")
+        w("### Per-call overhead, (1,8,8,16) float32 NHWC, default threads")
+        w("")
+        if torch is not None:
+            w("| call | cfbn µs | PyTorch µs | target | result |")
+            w("|---|--:|--:|--:|---|")
+        else:
+            w("| call | cfbn µs | target | result |")
+            w("|---|--:|--:|---|")
+        for r in overhead:
+            fwd = r["op"] != "grad"
+            ok = r["cfbn"] * 1e6 <= TARGET_OVERHEAD_US
+            cells = [r["label"], "%.2f" % (r["cfbn"] * 1e6)]
+            if torch is not None:
+                cells.append("%.2f" % (r["torch"] * 1e6))
+            cells += ["<= %.0f" % TARGET_OVERHEAD_US if fwd else "-",
+                      verdict(ok) if fwd else "-"]
+            w("| " + " | ".join(cells) + " |")
+            if fwd:
+                summary.append(("overhead %s %.2f us <= %.0f" % (
+                    r["op"], r["cfbn"] * 1e6, TARGET_OVERHEAD_US), ok))
+
+    if summary:
+        failed = [name for name, ok in summary if not ok]
+        w("")
+        w("### Targets")
+        w("")
+        w("%d of %d met." % (len(summary) - len(failed), len(summary)))
+        if failed:
+            w("Not met: " + "; ".join(failed) + ".")
+    w("")
+    return "\n".join(out)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer repeats (about a third of the time)")
+    p.add_argument("--markdown-out", metavar="FILE", help="also write the report to FILE")
+    p.add_argument("--repeats", type=int, help="repeats per target cell (default 9, quick 3)")
+    p.add_argument("--min-batch-ms", type=float, default=20.0,
+                   help="least duration of one timed batch of calls (default 20)")
+    p.add_argument("--threads", default="1,2", help="thread counts of the target cells")
+    p.add_argument("--shapes", default="",
+                   help="only these target shapes, e.g. 32x56x56x64,1x8x8x16")
+    p.add_argument("--retries", type=int, default=2,
+                   help="re-measure a cell up to this many times while other processes load "
+                        "the CPUs (within 90 s in all, 30 s with --quick; default 2)")
+    p.add_argument("--busy", type=float, default=0.25,
+                   help="foreign CPU load, in cores, that triggers a re-measurement "
+                        "(default 0.25)")
+    p.add_argument("--no-large", action="store_true", help="skip the large-tensor section")
+    p.add_argument("--no-overhead", action="store_true", help="skip the per-call overhead")
+    p.add_argument("--no-torch", action="store_true", help="time cfbn only")
+    args = p.parse_args(argv)
+    args.threads = [int(t) for t in args.threads.split(",") if t.strip()]
+    args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 9
+    args.large_repeats = 3 if args.quick else 7
+    args.overhead_repeats = 9 if args.quick else 31
+    args.min_batch = args.min_batch_ms / 1e3
+    args.retry = Retries(args.retries, args.busy, 30.0 if args.quick else 90.0)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    start = time.perf_counter()
+    load_start = "%.2f" % os.getloadavg()[0]
+    torch = None if args.no_torch else bc.torch_module()
+    if torch is None:
+        log("PyTorch is not installed (or --no-torch): timing cfbn only")
+    info = bc.machine_info()
+    log(machine_line(info))
+    rows = target_cells(args, torch)
+    large = None if args.no_large else large_section(args, torch)
+    overhead = None if args.no_overhead else overhead_section(args, torch)
+    elapsed = time.perf_counter() - start
+    load = (load_start, "%.2f" % os.getloadavg()[0])
+    text = report(args, info, torch, rows, large, overhead, elapsed, load)
+    print(text)
+    if args.markdown_out:
+        Path(args.markdown_out).write_text(text + "\n")
+        log("written to %s" % args.markdown_out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
