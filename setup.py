@@ -15,6 +15,7 @@ import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 from setuptools.errors import CompileError, LinkError
 
 BASE_SOURCES = ["csrc/bn_scalar.c", "csrc/bn_driver.c", "csrc/dispatch.c"]
@@ -82,6 +83,16 @@ class BuildExt(build_ext):
         super().build_extensions()
 
 
+class BuildPy(build_py):
+    """Ship csrc/bn_math.h inside the package: the CuPy kernels include it."""
+
+    def run(self):
+        super().run()
+        target = os.path.join(self.build_lib, "cfbn")
+        os.makedirs(target, exist_ok=True)
+        self.copy_file(os.path.join("csrc", "bn_math.h"), os.path.join(target, "bn_math.h"))
+
+
 extensions = [
     Extension(
         "cfbn._kernels",
@@ -94,5 +105,5 @@ extensions = [
 setup(
     ext_modules=cythonize(extensions, language_level=3,
                           compiler_directives={"boundscheck": False, "wraparound": False}),
-    cmdclass={"build_ext": BuildExt},
+    cmdclass={"build_ext": BuildExt, "build_py": BuildPy},
 )

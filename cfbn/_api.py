@@ -24,11 +24,23 @@ DTYPES = {_F32: (0, _F32), _F64: (1, _F64), _F16: (2, _F32)}
 _kernels.set_result_types(BatchNormOutput, BatchNormGrad)
 
 
+def _is_cupy(a):
+    # By the type's module, so that CuPy is never imported for NumPy data.
+    return type(a).__module__.startswith("cupy")
+
+
+def _mixed(name, what="x"):
+    return TypeError("%s: got a CuPy array, but %s is a NumPy array (host memory); pass every "
+                     "array as NumPy, or every array as CuPy on one device" % (name, what))
+
+
 def _as_array(a, name):
     if type(a) is np.ndarray:
         return a
     if isinstance(a, np.ndarray):
         return a.view(np.ndarray)
+    if _is_cupy(a):
+        raise _mixed(name)
     if a is None or isinstance(a, (str, bytes, dict)):
         raise TypeError("%s: expected an array, got %s" % (name, type(a).__name__))
     try:
@@ -46,11 +58,17 @@ def _contiguous(a):
 def _tensor(x, name):
     """Validate the main tensor; returns (array, kernel dtype code, vector dtype)."""
     x = _as_array(x, name)
-    kinds = DTYPES.get(x.dtype)
+    kinds = _dtype_kinds(x.dtype, name)
+    return _contiguous(x), kinds[0], kinds[1]
+
+
+def _dtype_kinds(dtype, name):
+    """(kernel dtype code, vector dtype) of a tensor dtype, or TypeError."""
+    kinds = DTYPES.get(dtype)
     if kinds is None:
         raise TypeError("%s: expected float32, float64 or float16 (native byte order), got %s"
-                        % (name, x.dtype))
-    return _contiguous(x), kinds[0], kinds[1]
+                        % (name, dtype))
+    return kinds
 
 
 def _layout(data_format, x):
@@ -77,12 +95,16 @@ def _layout(data_format, x):
 
 def _vector(v, name, channels, dtype):
     v = _as_array(v, name)
+    _check_vector(v, name, channels, dtype)
+    return _contiguous(v)
+
+
+def _check_vector(v, name, channels, dtype):
     if v.dtype != dtype:
         raise TypeError("%s: expected %s to match x, got %s" % (name, dtype, v.dtype))
     if v.shape != (channels,):
         raise ValueError("%s: expected shape (%d,) (one value per channel), got %s"
                          % (name, channels, v.shape))
-    return _contiguous(v)
 
 
 def _epsilon(epsilon):
@@ -93,6 +115,32 @@ def _epsilon(epsilon):
     if not (e >= 0.0 and math.isfinite(e)):
         raise ValueError("epsilon: expected a finite value >= 0, got %r" % (epsilon,))
     return e
+
+
+def _factor(exponential_avg_factor):
+    try:
+        factor = float(exponential_avg_factor)
+    except (TypeError, ValueError):
+        raise TypeError("exponential_avg_factor: expected a float, got %r"
+                        % (exponential_avg_factor,)) from None
+    if not (0.0 <= factor <= 1.0):
+        raise ValueError("exponential_avg_factor: expected a value in [0, 1], got %r"
+                         % (exponential_avg_factor,))
+    return factor
+
+
+def _check_stats_given(training, factor, mean, variance):
+    if ((not training) or factor != 1.0) and (mean is None or variance is None):
+        missing = "mean" if mean is None else "variance"
+        why = "is_training=False" if not training else "exponential_avg_factor != 1"
+        raise ValueError("%s: required when %s" % (missing, why))
+
+
+def _check_dy(dy, x):
+    if dy.dtype != x.dtype:
+        raise TypeError("y_backprop: expected dtype %s to match x, got %s" % (x.dtype, dy.dtype))
+    if dy.shape != x.shape:
+        raise ValueError("y_backprop: expected x's shape %s, got %s" % (x.shape, dy.shape))
 
 
 def _threads(n_threads):
@@ -121,19 +169,7 @@ def _outputs(out, fields, specs, inputs):
     """
     if out is None:
         return [np.empty(shape, dtype) for shape, dtype in specs]
-    if isinstance(out, dict):
-        unknown = set(out) - set(fields)
-        if unknown:
-            raise ValueError("out: unknown output name(s) %s; expected some of %s"
-                             % (sorted(unknown), ", ".join(fields)))
-        given = [out.get(f) for f in fields]
-    elif isinstance(out, (tuple, list)):
-        if len(out) != len(fields):
-            raise ValueError("out: expected %d entries (%s), got %d"
-                             % (len(fields), ", ".join(fields), len(out)))
-        given = list(out)
-    else:
-        raise TypeError("out: expected a tuple, list or dict of arrays, got %s" % type(out).__name__)
+    given = _out_given(out, fields)
     result = []
     for field, (shape, dtype), a in zip(fields, specs, given):
         if a is None:
@@ -141,13 +177,10 @@ def _outputs(out, fields, specs, inputs):
             continue
         name = "out[%r]" % field
         if not isinstance(a, np.ndarray):
+            if _is_cupy(a):
+                raise _mixed(name, "the input x")
             raise TypeError("%s: expected a numpy array, got %s" % (name, type(a).__name__))
-        if a.dtype != dtype:
-            raise TypeError("%s: expected dtype %s, got %s" % (name, dtype, a.dtype))
-        if a.shape != tuple(shape):
-            raise ValueError("%s: expected shape %s, got %s" % (name, tuple(shape), a.shape))
-        if not a.flags.c_contiguous:
-            raise ValueError("%s: expected a C-contiguous array" % name)
+        _check_out_array(a, name, shape, dtype)
         if not a.flags.writeable:
             raise ValueError("%s: array is read-only" % name)
         for iname, b in inputs:
@@ -159,6 +192,31 @@ def _outputs(out, fields, specs, inputs):
                 raise ValueError("%s: shares memory with out[%r]" % (name, prev_field))
         result.append(a)
     return result
+
+
+def _out_given(out, fields):
+    """The caller's out= as one entry (an array or None) per field."""
+    if isinstance(out, dict):
+        unknown = set(out) - set(fields)
+        if unknown:
+            raise ValueError("out: unknown output name(s) %s; expected some of %s"
+                             % (sorted(unknown), ", ".join(fields)))
+        return [out.get(f) for f in fields]
+    if isinstance(out, (tuple, list)):
+        if len(out) != len(fields):
+            raise ValueError("out: expected %d entries (%s), got %d"
+                             % (len(fields), ", ".join(fields), len(out)))
+        return list(out)
+    raise TypeError("out: expected a tuple, list or dict of arrays, got %s" % type(out).__name__)
+
+
+def _check_out_array(a, name, shape, dtype):
+    if a.dtype != dtype:
+        raise TypeError("%s: expected dtype %s, got %s" % (name, dtype, a.dtype))
+    if a.shape != tuple(shape):
+        raise ValueError("%s: expected shape %s, got %s" % (name, tuple(shape), a.shape))
+    if not a.flags.c_contiguous:
+        raise ValueError("%s: expected a C-contiguous array" % name)
 
 
 def fused_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4,
@@ -200,7 +258,9 @@ def fused_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4
 
     Notes
     -----
-    A non-contiguous input is read through one contiguous copy.
+    A non-contiguous input is read through one contiguous copy.  CuPy arrays
+    (all on one device) run on that GPU and give CuPy arrays; `n_threads` is
+    then checked but has no effect.
     """
     if out is None:
         result = _kernels.fast_forward(x, scale, offset, mean, variance, epsilon,
@@ -208,25 +268,18 @@ def fused_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4
                                        n_threads)
         if result is not None:
             return result
+    if type(x) is not np.ndarray and _is_cupy(x):
+        from . import _gpu
+        return _gpu.forward(x, scale, offset, mean, variance, epsilon, exponential_avg_factor,
+                            data_format, is_training, n_threads, out)
     x, dt, vdt = _tensor(x, "x")
     layout, outer, channels, inner = _layout(data_format, x)
     scale = _vector(scale, "scale", channels, vdt)
     offset = _vector(offset, "offset", channels, vdt)
     eps = _epsilon(epsilon)
-    try:
-        factor = float(exponential_avg_factor)
-    except (TypeError, ValueError):
-        raise TypeError("exponential_avg_factor: expected a float, got %r"
-                        % (exponential_avg_factor,)) from None
-    if not (0.0 <= factor <= 1.0):
-        raise ValueError("exponential_avg_factor: expected a value in [0, 1], got %r"
-                         % (exponential_avg_factor,))
+    factor = _factor(exponential_avg_factor)
     training = bool(is_training)
-    need_stats = (not training) or factor != 1.0
-    if need_stats and (mean is None or variance is None):
-        missing = "mean" if mean is None else "variance"
-        why = "is_training=False" if not training else "exponential_avg_factor != 1"
-        raise ValueError("%s: required when %s" % (missing, why))
+    _check_stats_given(training, factor, mean, variance)
     if mean is not None:
         mean = _vector(mean, "mean", channels, vdt)
     if variance is not None:
@@ -273,18 +326,23 @@ def fused_batch_norm_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2
     -------
     BatchNormGrad
         ``(x_backprop, scale_backprop, offset_backprop)``.
+
+    Notes
+    -----
+    CuPy arrays (all on one device) run on that GPU and give CuPy arrays.
     """
     if out is None:
         result = _kernels.fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2,
                                         epsilon, data_format, is_training, n_threads)
         if result is not None:
             return result
+    if type(x) is not np.ndarray and _is_cupy(x):
+        from . import _gpu
+        return _gpu.backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon,
+                             data_format, is_training, n_threads, out)
     x, dt, vdt = _tensor(x, "x")
     dy = _as_array(y_backprop, "y_backprop")
-    if dy.dtype != x.dtype:
-        raise TypeError("y_backprop: expected dtype %s to match x, got %s" % (x.dtype, dy.dtype))
-    if dy.shape != x.shape:
-        raise ValueError("y_backprop: expected x's shape %s, got %s" % (x.shape, dy.shape))
+    _check_dy(dy, x)
     dy = _contiguous(dy)
     layout, outer, channels, inner = _layout(data_format, x)
     scale = _vector(scale, "scale", channels, vdt)

@@ -18,7 +18,9 @@
 #define CFBN_BN_MATH_H
 
 #if defined(__CUDACC__)
-#define CFBN_INLINE static __device__ __forceinline__
+/* Not static: NVRTC warns about every unreferenced static function, and each
+ * kernel uses only a few of these. */
+#define CFBN_INLINE __device__ __forceinline__
 /* 0x7ff8...: the quiet NaN; NVRTC has no <math.h> and so no NAN macro. */
 #define CFBN_NAN_D __longlong_as_double(0x7ff8000000000000LL)
 #else

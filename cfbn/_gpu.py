@@ -1,0 +1,464 @@
+"""CuPy path: fused_batch_norm and its gradient on CuPy arrays.
+
+cfbn._api sends a call here when `x` is a CuPy array.  The arithmetic is the
+C driver's, pass for pass, with the per-element and per-channel expressions
+taken from csrc/bn_math.h (the kernels' preamble):
+
+    stats     per-column partial sums of x - shift and (x - shift)^2 in double
+              (shift = the channel's first element), one thread per column of
+              a fixed plan; CuPy's sum then adds the partials per channel
+    finalize  one thread per channel: mean, variance, running statistics and
+              the normalization parameters, in double
+    apply     one thread per element: y = ((x - mhi) - mlo) * alpha + beta
+
+The gradient is the same three passes with its own sums and parameters.  The
+plan depends only on the shape, and every sum has a fixed order, so results
+do not change from run to run.
+
+Kernels are ElementwiseKernels named ``cfbn_<pass>_<dtype>[_<layout>]``,
+built once per name on first use and kept for the process.  CuPy is imported
+inside the functions that need it, so this module's plan and kernel sources
+can be inspected (and compile-checked) without a GPU.
+"""
+import os
+
+import numpy as np
+
+from . import _api
+
+# Threads the partial-sum pass aims for: enough to fill a large GPU (an H100
+# or H200 holds about 270 000 resident threads) while keeping the partial
+# sums a small fraction of the tensor.
+TARGET_THREADS = 1 << 17
+# Each stats thread sums at least about this many elements.
+MIN_PER_THREAD = 16
+# Channels-last rows are widened to at least this many columns (a multiple of
+# C) so that a warp's loads are contiguous even when C is small.
+MIN_WIDTH = 128
+
+LAYOUT_NAMES = {_api._CHANNELS_LAST: "last", _api._CHANNELS_FIRST: "first"}
+
+# x dtype -> (suffix, x type, vector type, compute type, math suffix)
+_TYPES = {
+    np.dtype(np.float32): ("f32", "float32", "float32", "float", "f"),
+    np.dtype(np.float64): ("f64", "float64", "float64", "double", "d"),
+    np.dtype(np.float16): ("f16", "float16", "float32", "float", "f"),
+}
+
+# Parameters that the calls pass as Python scalars (everything else is an array).
+SCALAR_PARAMS = frozenset({"C", "inner", "W", "P", "total", "S", "N", "G", "L", "n", "eps", "f",
+                           "training"})
+
+
+def header_path():
+    """Path of bn_math.h: inside the package when installed, else the source tree."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for path in (os.path.join(here, "bn_math.h"),
+                 os.path.join(os.path.dirname(here), "csrc", "bn_math.h")):
+        if os.path.exists(path):
+            return path
+    raise FileNotFoundError("cfbn: bn_math.h is neither in the package nor in ../csrc")
+
+
+_PREAMBLE = None
+
+
+def preamble():
+    """The kernels' preamble: the text of bn_math.h."""
+    global _PREAMBLE
+    if _PREAMBLE is None:
+        with open(header_path()) as f:
+            _PREAMBLE = f.read()
+    return _PREAMBLE
+
+
+# ---- the plan of the stats passes (pure Python: also used by the tests) ----
+
+def stats_plan(layout, outer, channels, inner):
+    """Thread layout of the partial-sum pass; depends only on the shape.
+
+    Channels-last (rows of C): thread t = p * W + j sums the elements
+    e = t, t + P*W, t + 2*P*W, ... of the flat tensor; W is a multiple of C, so
+    every element a thread sees is channel j % C, and neighbouring threads read
+    neighbouring addresses.  Returns ("last", W, P); partials are (P, W).
+
+    Channels-first (N, C, S): thread t = (c * G + g) * L + j sums, for
+    n = g, g + G, ..., the elements s = j, j + L, ... of plane (n, c).
+    Returns ("first", G, L); partials are (C, G * L).
+    """
+    total = outer * channels * inner
+    want = max(1, min(TARGET_THREADS, -(-total // MIN_PER_THREAD)))
+    if layout == _api._CHANNELS_LAST:
+        width = channels * max(1, -(-MIN_WIDTH // channels))
+        rows = -(-total // width)
+        pieces = max(1, min(want // width, rows))
+        return "last", width, pieces
+    per_channel = max(1, -(-want // channels))
+    lanes = min(inner, per_channel)
+    if lanes > 32:
+        lanes -= lanes % 32
+    groups = max(1, min(outer, per_channel // lanes))
+    return "first", groups, lanes
+
+
+# ---- kernel sources ----
+
+def _apply_spec(key, layout):
+    sfx, xt, vt, ct, m = key
+    chan = ("cfbn_channel_last(i, C)" if layout == "last"
+            else "cfbn_channel_first(i, inner, C)")
+    return ("%s x, raw %s mhi, raw %s mlo, raw %s alpha, raw %s beta, int64 C, int64 inner"
+            % (xt, vt, vt, vt, vt),
+            "%s y" % xt,
+            "const long long c = %s;\n"
+            "y = cfbn_normalize_%s((%s)x, mhi[c], mlo[c], alpha[c], beta[c]);" % (chan, m, ct))
+
+
+def _gapply_spec(key, layout):
+    sfx, xt, vt, ct, m = key
+    chan = ("cfbn_channel_last(i, C)" if layout == "last"
+            else "cfbn_channel_first(i, inner, C)")
+    return ("%s dy, %s x, raw %s mhi, raw %s mlo, raw %s a, raw %s b, raw %s cc, "
+            "int64 C, int64 inner" % (xt, xt, vt, vt, vt, vt, vt),
+            "%s dx" % xt,
+            "const long long c = %s;\n"
+            "dx = cfbn_grad_dx_%s((%s)dy, (%s)x, mhi[c], mlo[c], a[c], b[c], cc[c]);"
+            % (chan, m, ct, ct))
+
+
+# Loop bodies of the stats passes over one thread's elements; `ADD(e)` is the
+# accumulation of element e and CH the thread's channel.
+_LOOP_LAST = ("const long long CH = (i % W) % C;\n"
+              "{SETUP}"
+              "double a1 = 0.0, a2 = 0.0;\n"
+              "for (long long e = i; e < total; e += P * W) {{ {ADD} }}\n"
+              "s1 = a1;\ns2 = a2;")
+_LOOP_FIRST = ("const long long j = i % L, t = i / L;\n"
+               "const long long CH = t / G;\n"
+               "{SETUP}"
+               "double a1 = 0.0, a2 = 0.0;\n"
+               "for (long long n = t % G; n < N; n += G) {{\n"
+               "  const long long base = (n * C + CH) * S;\n"
+               "  for (long long e = base + j; e < base + S; e += L) {{ {ADD} }}\n"
+               "}}\n"
+               "s1 = a1;\ns2 = a2;")
+_LOOP_PARAMS = {"last": "int64 C, int64 W, int64 P, int64 total",
+                "first": "int64 C, int64 S, int64 N, int64 G, int64 L"}
+
+
+def _stats_spec(key, layout):
+    sfx, xt, vt, ct, m = key
+    first = "CH * S" if layout == "first" else "CH"
+    body = (_LOOP_LAST if layout == "last" else _LOOP_FIRST).format(
+        SETUP="const double shift = (double)(%s)x[%s];\n" % (ct, first),
+        ADD="cfbn_stats_add((double)(%s)x[e], shift, &a1, &a2);" % ct)
+    return ("raw %s x, %s" % (xt, _LOOP_PARAMS[layout]), "float64 s1, float64 s2", body)
+
+
+def _gstats_spec(key, layout):
+    sfx, xt, vt, ct, m = key
+    if m == "f":
+        setup = ("const float mhi = cfbn_mean_hi_f((double)mean[CH]);\n"
+                 "const float mlo = cfbn_mean_lo_f((double)mean[CH]);\n")
+    else:
+        setup = "const double mhi = mean[CH], mlo = 0.0;\n"
+    body = (_LOOP_LAST if layout == "last" else _LOOP_FIRST).format(
+        SETUP=setup,
+        ADD="cfbn_gstats_add_%s((%s)dy[e], (%s)x[e], mhi, mlo, &a1, &a2);" % (m, ct, ct))
+    return ("raw %s dy, raw %s x, raw %s mean, %s" % (xt, xt, vt, _LOOP_PARAMS[layout]),
+            "float64 s1, float64 s2", body)
+
+
+def _split_mean(m, target_hi, target_lo, value):
+    if m == "f":
+        return ("%s = cfbn_mean_hi_f(%s);\n%s = cfbn_mean_lo_f(%s);\n"
+                % (target_hi, value, target_lo, value))
+    return "%s = %s;\n%s = 0.0;\n" % (target_hi, value, target_lo)
+
+
+_PARAM_OUTS = "%s batch_mean, %s batch_variance, %s saved_mean, %s saved_variance, " \
+              "%s mhi, %s mlo, %s alpha, %s beta"
+
+
+def _forward_finalize_spec(key):
+    sfx, xt, vt, ct, m = key
+    # Every input is read before any output is written: an output may be the
+    # very array an input came from (a running mean updated in place).
+    body = ("const double gamma = (double)scale, off = (double)offset;\n"
+            "const double run_mean = f != 1.0 ? (double)mean[i] : 0.0;\n"
+            "const double run_var = f != 1.0 ? (double)variance[i] : 0.0;\n"
+            "const double shift = n > 0 ? (double)(%s)x[i * inner] : 0.0;\n"
+            "double mu, var;\n"
+            "cfbn_moments(shift, sums[i], sums[C + i], n, &mu, &var);\n"
+            "const double r = cfbn_rstd(var, eps);\n"
+            "batch_mean = cfbn_running(f, run_mean, mu);\n"
+            "batch_variance = cfbn_running(f, run_var, cfbn_unbiased(var, n));\n"
+            "saved_mean = mu;\nsaved_variance = var;\n"
+            "%s"
+            "alpha = gamma * r;\nbeta = off;" % (ct, _split_mean(m, "mhi", "mlo", "mu")))
+    return ("raw %s x, raw float64 sums, %s scale, %s offset, raw %s mean, raw %s variance, "
+            "int64 C, int64 inner, int64 n, float64 eps, float64 f" % (xt, vt, vt, vt, vt),
+            _PARAM_OUTS % ((vt,) * 8), body)
+
+
+def _inference_finalize_spec(key):
+    sfx, xt, vt, ct, m = key
+    body = ("const double mu = (double)mean, var = (double)variance;\n"
+            "const double gamma = (double)scale, off = (double)offset;\n"
+            "const double r = cfbn_rstd(var, eps);\n"
+            "batch_mean = mu;\nbatch_variance = var;\nsaved_mean = mu;\nsaved_variance = var;\n"
+            "%s"
+            "alpha = gamma * r;\nbeta = off;" % _split_mean(m, "mhi", "mlo", "mu"))
+    return ("%s mean, %s variance, %s scale, %s offset, float64 eps" % (vt, vt, vt, vt),
+            _PARAM_OUTS % ((vt,) * 8), body)
+
+
+def _grad_finalize_spec(key):
+    sfx, xt, vt, ct, m = key
+    body = ("const double gamma = (double)scale, mu = (double)saved_mean;\n"
+            "const double r = cfbn_rstd((double)saved_variance, eps);\n"
+            "const double sum_dy = sums[i], sum_dy_xc = sums[C + i];\n"
+            "double sbp, pa, pb, pc;\n"
+            "cfbn_grad_params(training, n, gamma, r, sum_dy, sum_dy_xc, &sbp, &pa, &pb, &pc);\n"
+            "scale_backprop = sbp;\noffset_backprop = sum_dy;\n"
+            "%s"
+            "a = pa;\nb = pb;\ncc = pc;" % _split_mean(m, "mhi", "mlo", "mu"))
+    return ("raw float64 sums, %s scale, %s saved_mean, %s saved_variance, "
+            "int64 C, int64 n, float64 eps, int32 training" % (vt, vt, vt),
+            "%s scale_backprop, %s offset_backprop, %s mhi, %s mlo, %s a, %s b, %s cc"
+            % ((vt,) * 7), body)
+
+
+def _all_specs():
+    specs = {}
+    for dtype, key in _TYPES.items():
+        sfx = key[0]
+        for layout in ("last", "first"):
+            specs["cfbn_stats_%s_%s" % (sfx, layout)] = _stats_spec(key, layout)
+            specs["cfbn_apply_%s_%s" % (sfx, layout)] = _apply_spec(key, layout)
+            specs["cfbn_gstats_%s_%s" % (sfx, layout)] = _gstats_spec(key, layout)
+            specs["cfbn_gapply_%s_%s" % (sfx, layout)] = _gapply_spec(key, layout)
+        specs["cfbn_finalize_%s" % sfx] = _forward_finalize_spec(key)
+        if sfx != "f16":
+            # float16 tensors have float32 vectors: they share the f32 kernels.
+            specs["cfbn_infer_finalize_%s" % sfx] = _inference_finalize_spec(key)
+            specs["cfbn_grad_finalize_%s" % sfx] = _grad_finalize_spec(key)
+    return specs
+
+
+KERNEL_SPECS = _all_specs()
+_KERNELS = {}
+
+
+def kernel(name):
+    """The ElementwiseKernel `name`, built on first use and cached."""
+    k = _KERNELS.get(name)
+    if k is None:
+        import cupy
+        in_params, out_params, body = KERNEL_SPECS[name]
+        k = cupy.ElementwiseKernel(in_params, out_params, body, name, preamble=preamble())
+        _KERNELS[name] = k
+    return k
+
+
+# ---- validation ----
+
+def _side(a):
+    if _api._is_cupy(a):
+        return "a CuPy array"
+    return "%s.%s (host memory)" % (type(a).__module__, type(a).__name__)
+
+
+def _device_array(cupy, a, name, device):
+    """`a` as a contiguous CuPy array on `device`, or TypeError/ValueError."""
+    if not isinstance(a, cupy.ndarray):
+        raise TypeError("%s: got %s, but x is a CuPy array on device %d; pass every array as "
+                        "CuPy on one device, or every array as NumPy" % (name, _side(a), device))
+    if a.device.id != device:
+        raise ValueError("%s: on device %d, but x is on device %d; put every array on one "
+                         "device" % (name, a.device.id, device))
+    return cupy.ascontiguousarray(a)
+
+
+def _overlaps(a, b):
+    # Byte ranges of two contiguous arrays meet but are not the same range
+    # (the same range is an in-place call), as _kernels.overlaps on the CPU.
+    na, nb = a.nbytes, b.nbytes
+    if na == 0 or nb == 0:
+        return False
+    pa, pb = a.data.ptr, b.data.ptr
+    if pa == pb and na == nb:
+        return False
+    return pa < pb + nb and pb < pa + na
+
+
+def _outputs(cupy, out, fields, specs, inputs, device):
+    """Allocate or check the outputs, with the CPU path's rules (_api._outputs)."""
+    if out is None:
+        return [cupy.empty(shape, dtype) for shape, dtype in specs]
+    given = _api._out_given(out, fields)
+    result = []
+    for field, (shape, dtype), a in zip(fields, specs, given):
+        if a is None:
+            result.append(cupy.empty(shape, dtype))
+            continue
+        name = "out[%r]" % field
+        if not isinstance(a, cupy.ndarray):
+            raise TypeError("%s: got %s, but x is a CuPy array on device %d; pass CuPy "
+                            "outputs on that device" % (name, _side(a), device))
+        if a.device.id != device:
+            raise ValueError("%s: on device %d, but x is on device %d"
+                             % (name, a.device.id, device))
+        _api._check_out_array(a, name, shape, dtype)
+        for iname, b in inputs:
+            if b is not None and _overlaps(a, b):
+                raise ValueError("%s: partly overlaps input %s; pass the same array for an "
+                                 "in-place call or a separate one" % (name, iname))
+        for prev_field, prev in zip(fields, result):
+            if _overlaps(a, prev) or (a.data.ptr == prev.data.ptr and a.nbytes > 0):
+                raise ValueError("%s: shares memory with out[%r]" % (name, prev_field))
+        result.append(a)
+    return result
+
+
+def _tensor(cupy, x):
+    _api._dtype_kinds(x.dtype, "x")
+    return cupy.ascontiguousarray(x), _TYPES[x.dtype][0]
+
+
+def _partial_sums(cupy, name, layout, outer, channels, inner, tensors):
+    """Per-channel (sum1, sum2) as one (2 * C,) float64 array."""
+    total = outer * channels * inner
+    if total == 0:
+        return cupy.zeros(2 * channels, np.float64)
+    kind, p1, p2 = stats_plan(layout, outer, channels, inner)
+    if kind == "last":
+        width, pieces = p1, p2
+        part = cupy.empty((2, pieces * width), np.float64)
+        kernel(name)(*tensors, channels, width, pieces, total, part[0], part[1])
+        sums = part.reshape(2, -1, channels).sum(axis=1)
+    else:
+        groups, lanes = p1, p2
+        part = cupy.empty((2, channels * groups * lanes), np.float64)
+        kernel(name)(*tensors, channels, inner, outer, groups, lanes, part[0], part[1])
+        sums = part.reshape(2, channels, groups * lanes).sum(axis=2)
+    return sums.reshape(-1)
+
+
+# ---- the two entry points ----
+
+def forward(x, scale, offset, mean, variance, epsilon, exponential_avg_factor, data_format,
+            is_training, n_threads, out):
+    """fused_batch_norm on CuPy arrays; arguments as cfbn.fused_batch_norm."""
+    import cupy
+    if not isinstance(x, cupy.ndarray):
+        raise TypeError("x: expected a cupy.ndarray, got %s" % type(x).__name__)
+    with cupy.cuda.Device(x.device.id):
+        return _forward(cupy, x, scale, offset, mean, variance, epsilon, exponential_avg_factor,
+                        data_format, is_training, n_threads, out)
+
+
+def _forward(cupy, x, scale, offset, mean, variance, epsilon, exponential_avg_factor,
+             data_format, is_training, n_threads, out):
+    device = x.device.id
+    x, sfx = _tensor(cupy, x)
+    layout, outer, channels, inner = _api._layout(data_format, x)
+    vdt = _api.DTYPES[x.dtype][1]
+    scale = _device_array(cupy, scale, "scale", device)
+    _api._check_vector(scale, "scale", channels, vdt)
+    offset = _device_array(cupy, offset, "offset", device)
+    _api._check_vector(offset, "offset", channels, vdt)
+    eps = _api._epsilon(epsilon)
+    factor = _api._factor(exponential_avg_factor)
+    training = bool(is_training)
+    _api._check_stats_given(training, factor, mean, variance)
+    if mean is not None:
+        mean = _device_array(cupy, mean, "mean", device)
+        _api._check_vector(mean, "mean", channels, vdt)
+    if variance is not None:
+        variance = _device_array(cupy, variance, "variance", device)
+        _api._check_vector(variance, "variance", channels, vdt)
+    _api._threads(n_threads)
+    vshape = (channels,)
+    lname = LAYOUT_NAMES[layout]
+    vsfx = "f64" if sfx == "f64" else "f32"
+    y, bm, bv, rs1, rs2 = _outputs(
+        cupy, out, _api.BatchNormOutput._fields,
+        ((x.shape, x.dtype), (vshape, vdt), (vshape, vdt), (vshape, vdt), (vshape, vdt)),
+        (("x", x), ("scale", scale), ("offset", offset), ("mean", mean),
+         ("variance", variance)), device)
+    params = cupy.empty((4, channels), vdt)
+    mhi, mlo, alpha, beta = params
+    if training:
+        sums = _partial_sums(cupy, "cfbn_stats_%s_%s" % (sfx, lname), layout, outer,
+                             channels, inner, (x.reshape(-1),))
+        use_stats = factor != 1.0
+        kernel("cfbn_finalize_%s" % sfx)(
+            x.reshape(-1), sums, scale, offset,
+            mean if use_stats else scale, variance if use_stats else scale,
+            channels, inner, outer * inner, eps, factor,
+            bm, bv, rs1, rs2, mhi, mlo, alpha, beta)
+    else:
+        kernel("cfbn_infer_finalize_%s" % vsfx)(
+            mean, variance, scale, offset, eps, bm, bv, rs1, rs2, mhi, mlo, alpha, beta)
+    if x.size:
+        kernel("cfbn_apply_%s_%s" % (sfx, lname))(
+            x.reshape(-1), mhi, mlo, alpha, beta, channels, inner, y.reshape(-1))
+    return _api.BatchNormOutput(y, bm, bv, rs1, rs2)
+
+
+def backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon, data_format,
+             is_training, n_threads, out):
+    """fused_batch_norm_grad on CuPy arrays; arguments as cfbn.fused_batch_norm_grad."""
+    import cupy
+    if not isinstance(x, cupy.ndarray):
+        raise TypeError("x: expected a cupy.ndarray, got %s" % type(x).__name__)
+    with cupy.cuda.Device(x.device.id):
+        return _backward(cupy, y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon,
+                         data_format, is_training, n_threads, out)
+
+
+def _backward(cupy, y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon,
+              data_format, is_training, n_threads, out):
+    device = x.device.id
+    x, sfx = _tensor(cupy, x)
+    dy = _device_array(cupy, y_backprop, "y_backprop", device)
+    _api._check_dy(dy, x)
+    layout, outer, channels, inner = _api._layout(data_format, x)
+    vdt = _api.DTYPES[x.dtype][1]
+    scale = _device_array(cupy, scale, "scale", device)
+    _api._check_vector(scale, "scale", channels, vdt)
+    mu = _device_array(cupy, reserve_space_1, "reserve_space_1", device)
+    _api._check_vector(mu, "reserve_space_1", channels, vdt)
+    var = _device_array(cupy, reserve_space_2, "reserve_space_2", device)
+    _api._check_vector(var, "reserve_space_2", channels, vdt)
+    eps = _api._epsilon(epsilon)
+    _api._threads(n_threads)
+    training = bool(is_training)
+    vshape = (channels,)
+    lname = LAYOUT_NAMES[layout]
+    vsfx = "f64" if sfx == "f64" else "f32"
+    dx, dscale, doffset = _outputs(
+        cupy, out, _api.BatchNormGrad._fields,
+        ((x.shape, x.dtype), (vshape, vdt), (vshape, vdt)),
+        (("y_backprop", dy), ("x", x), ("scale", scale), ("reserve_space_1", mu),
+         ("reserve_space_2", var)), device)
+    sums = _partial_sums(cupy, "cfbn_gstats_%s_%s" % (sfx, lname), layout, outer, channels,
+                         inner, (dy.reshape(-1), x.reshape(-1), mu))
+    params = cupy.empty((5, channels), vdt)
+    mhi, mlo, a, b, c = params
+    kernel("cfbn_grad_finalize_%s" % vsfx)(
+        sums, scale, mu, var, channels, outer * inner, eps, int(training),
+        dscale, doffset, mhi, mlo, a, b, c)
+    if x.size:
+        if training:
+            kernel("cfbn_gapply_%s_%s" % (sfx, lname))(
+                dy.reshape(-1), x.reshape(-1), mhi, mlo, a, b, c, channels, inner,
+                dx.reshape(-1))
+        else:
+            # dx = scale * r * dy does not depend on x (a NaN in x stays out of
+            # dx): the normalization of dy with mhi = mlo = beta = 0, which is b
+            # in inference.
+            kernel("cfbn_apply_%s_%s" % (sfx, lname))(
+                dy.reshape(-1), b, b, a, b, channels, inner, dx.reshape(-1))
+    return _api.BatchNormGrad(dx, dscale, doffset)

@@ -1,0 +1,238 @@
+"""csrc/bn_math.h on the CPU: the expressions the CuPy kernels run, checked here.
+
+The header is compiled with the system C compiler into a small shared
+library; the CuPy path's passes (cfbn._gpu: its stats plan, then finalize,
+then apply) are replayed with those functions and NumPy, and compared with
+cfbn.reference.  No GPU or CuPy needed.
+"""
+import ctypes
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from _checks import (DTYPES, LAYOUTS, SHAPES, check_forward, check_grad, make_shape,
+                     random_vectors, random_x, seed_of, vector_dtype)
+from cfbn import _api, _gpu, reference
+
+WRAPPER = r"""
+#include "bn_math.h"
+#define LOOP for (long long i = 0; i < count; i++)
+long long chan(long long i, long long C, long long inner, int first)
+{ return first ? cfbn_channel_first(i, inner, C) : cfbn_channel_last(i, C); }
+void apply_f(long long count, const float *x, float *y, const float *p, long long C,
+             long long inner, int first)
+{ LOOP { long long c = chan(i, C, inner, first);
+         y[i] = cfbn_normalize_f(x[i], p[c], p[C + c], p[2 * C + c], p[3 * C + c]); } }
+void apply_d(long long count, const double *x, double *y, const double *p, long long C,
+             long long inner, int first)
+{ LOOP { long long c = chan(i, C, inner, first);
+         y[i] = cfbn_normalize_d(x[i], p[c], p[C + c], p[2 * C + c], p[3 * C + c]); } }
+void gapply_f(long long count, const float *dy, const float *x, float *dx, const float *p,
+              long long C, long long inner, int first)
+{ LOOP { long long c = chan(i, C, inner, first);
+         dx[i] = cfbn_grad_dx_f(dy[i], x[i], p[c], p[C + c], p[2 * C + c], p[3 * C + c],
+                                p[4 * C + c]); } }
+void gapply_d(long long count, const double *dy, const double *x, double *dx, const double *p,
+              long long C, long long inner, int first)
+{ LOOP { long long c = chan(i, C, inner, first);
+         dx[i] = cfbn_grad_dx_d(dy[i], x[i], p[c], p[C + c], p[2 * C + c], p[3 * C + c],
+                                p[4 * C + c]); } }
+/* out: bm, bv, rs1, rs2, mhi, mlo, alpha, beta (8 x C doubles) */
+void finalize(long long count, const double *shift, const double *sums, const double *scale,
+              const double *offset, const double *mean, const double *var, long long n,
+              double eps, double f, int split, double *out)
+{ LOOP { double mu, v; cfbn_moments(shift[i], sums[i], sums[count + i], n, &mu, &v);
+         double r = cfbn_rstd(v, eps);
+         out[i] = cfbn_running(f, mean[i], mu);
+         out[count + i] = cfbn_running(f, var[i], cfbn_unbiased(v, n));
+         out[2 * count + i] = mu; out[3 * count + i] = v;
+         out[4 * count + i] = split ? cfbn_mean_hi_f(mu) : mu;
+         out[5 * count + i] = split ? cfbn_mean_lo_f(mu) : 0.0;
+         out[6 * count + i] = scale[i] * r; out[7 * count + i] = offset[i]; } }
+/* out: scale_bp, offset_bp, a, b, c */
+void grad_params(long long count, int training, long long n, const double *gamma,
+                 const double *var, double eps, const double *sums, double *out)
+{ LOOP { double r = cfbn_rstd(var[i], eps);
+         cfbn_grad_params(training, n, gamma[i], r, sums[i], sums[count + i], &out[i],
+                          &out[2 * count + i], &out[3 * count + i], &out[4 * count + i]);
+         out[count + i] = sums[i]; } }
+void gstats_f(long long count, const float *dy, const float *x, float mhi, float mlo, double *s)
+{ s[0] = s[1] = 0.0; LOOP cfbn_gstats_add_f(dy[i], x[i], mhi, mlo, &s[0], &s[1]); }
+void stats(long long count, const double *x, double shift, double *s)
+{ s[0] = s[1] = 0.0; LOOP cfbn_stats_add(x[i], shift, &s[0], &s[1]); }
+"""
+
+CC = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+if CC is None:
+    pytest.skip("no C compiler to build bn_math.h", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bn_math")
+    src = d / "wrap.c"
+    src.write_text(WRAPPER)
+    so = d / "libbnmath.so"
+    inc = os.path.dirname(_gpu.header_path())
+    # -ffp-contract=off: GCC keeps each product and sum rounded as written
+    subprocess.run([CC, "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
+                    "-shared", "-fPIC", "-I", inc, str(src), "-o", str(so), "-lm"], check=True)
+    return ctypes.CDLL(str(so))
+
+
+def _p(a):
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+def _plan_sums(layout, outer, channels, inner, values):
+    """Per-channel sums of `values` (a flat float64 array), partialled as _gpu plans."""
+    total = values.size
+    kind, p1, p2 = _gpu.stats_plan(layout, outer, channels, inner)
+    if kind == "last":
+        width, pieces = p1, p2
+        stride = width * pieces
+        padded = np.zeros(-(-total // stride) * stride)
+        padded[:total] = values
+        part = padded.reshape(-1, stride).sum(axis=0)          # one partial per thread
+        return part.reshape(-1, channels).sum(axis=0)
+    groups, lanes = p1, p2
+    planes = values.reshape(outer, channels, inner)
+    part = np.zeros((channels, groups, lanes))
+    for g in range(groups):
+        for j in range(lanes):
+            part[:, g, j] = planes[g::groups, :, j::lanes].sum(axis=(0, 2))
+    return part.reshape(channels, -1).sum(axis=1)
+
+
+def emulate_forward(lib, x, v, *, epsilon, data_format, is_training, factor):
+    xc = np.ascontiguousarray(x)
+    layout, outer, channels, inner = _api._layout(data_format, xc)
+    vdt = vector_dtype(x.dtype)
+    f32 = vdt == np.float32
+    comp = np.float32 if f32 else np.float64
+    flat = xc.reshape(-1).astype(comp)
+    n = outer * inner
+    d = lambda a: np.ascontiguousarray(a, np.float64)  # noqa: E731
+    if is_training:
+        first = xc.reshape(outer, channels, inner)[0, :, 0] if n else np.zeros(channels)
+        shift = d(np.asarray(first, comp))
+        shifted = flat.astype(np.float64).reshape(outer, channels, inner) - shift[None, :, None]
+        s1 = _plan_sums(layout, outer, channels, inner, shifted.reshape(-1))
+        s2 = _plan_sums(layout, outer, channels, inner, (shifted * shifted).reshape(-1))
+        sums = d(np.concatenate([s1, s2]))
+        out = np.empty(8 * channels)
+        lib.finalize(ctypes.c_longlong(channels), _p(shift), _p(sums), _p(d(v["scale"])),
+                     _p(d(v["offset"])), _p(d(v["mean"])), _p(d(v["variance"])),
+                     ctypes.c_longlong(n), ctypes.c_double(epsilon), ctypes.c_double(factor),
+                     ctypes.c_int(int(f32)), _p(out))
+        vec = out.reshape(8, channels)
+    else:
+        mu, var = d(v["mean"]), d(v["variance"])
+        r = 1.0 / np.sqrt(var + epsilon)
+        hi = mu.astype(comp).astype(np.float64)
+        vec = np.stack([mu, var, mu, var, hi, (mu - hi).astype(comp), d(v["scale"]) * r,
+                        d(v["offset"])])
+    params = np.ascontiguousarray(vec[4:], comp)
+    y = np.empty_like(flat)
+    fn = lib.apply_f if f32 else lib.apply_d
+    fn(ctypes.c_longlong(flat.size), _p(flat), _p(y), _p(params), ctypes.c_longlong(channels),
+       ctypes.c_longlong(max(inner, 1)), ctypes.c_int(layout))
+    stats = [vec[k].astype(vdt) for k in range(4)]
+    return reference.BatchNormOutput(y.astype(x.dtype).reshape(x.shape), *stats)
+
+
+def emulate_grad(lib, dy, x, scale, mu, var, *, epsilon, data_format, is_training):
+    xc = np.ascontiguousarray(x)
+    layout, outer, channels, inner = _api._layout(data_format, xc)
+    vdt = vector_dtype(x.dtype)
+    f32 = vdt == np.float32
+    comp = np.float32 if f32 else np.float64
+    n = outer * inner
+    xf = xc.reshape(outer, channels, inner).astype(comp)
+    gf = np.ascontiguousarray(dy).reshape(outer, channels, inner).astype(comp)
+    mu64 = np.asarray(mu, np.float64)
+    hi = mu64.astype(comp)
+    lo = (mu64 - hi.astype(np.float64)).astype(comp)
+    centered = (xf - hi[None, :, None]) - lo[None, :, None]      # in the compute type
+    s1 = _plan_sums(layout, outer, channels, inner, gf.astype(np.float64).reshape(-1))
+    s2 = _plan_sums(layout, outer, channels, inner,
+                    (gf.astype(np.float64) * centered.astype(np.float64)).reshape(-1))
+    sums = np.ascontiguousarray(np.concatenate([s1, s2]))
+    out = np.empty(5 * channels)
+    lib.grad_params(ctypes.c_longlong(channels), ctypes.c_int(int(is_training)),
+                    ctypes.c_longlong(n), _p(np.ascontiguousarray(scale, np.float64)),
+                    _p(np.ascontiguousarray(var, np.float64)), ctypes.c_double(epsilon),
+                    _p(sums), _p(out))
+    vec = out.reshape(5, channels)
+    flat_x, flat_g = xf.reshape(-1).copy(), gf.reshape(-1).copy()
+    dx = np.empty_like(flat_x)
+    args = (ctypes.c_longlong(channels), ctypes.c_longlong(max(inner, 1)), ctypes.c_int(layout))
+    if is_training:
+        params = np.ascontiguousarray(np.stack([hi, lo, *vec[2:].astype(comp)]), comp)
+        fn = lib.gapply_f if f32 else lib.gapply_d
+        fn(ctypes.c_longlong(dx.size), _p(flat_g), _p(flat_x), _p(dx), _p(params), *args)
+    else:
+        zero = np.zeros(channels, comp)
+        params = np.ascontiguousarray(np.stack([zero, zero, vec[2].astype(comp), zero]), comp)
+        fn = lib.apply_f if f32 else lib.apply_d
+        fn(ctypes.c_longlong(dx.size), _p(flat_g), _p(dx), _p(params), *args)
+    return reference.BatchNormGrad(dx.astype(x.dtype).reshape(x.shape), vec[0].astype(vdt),
+                                   vec[1].astype(vdt))
+
+
+@pytest.mark.parametrize("dims", SHAPES + [(64, 4096, 3), (2, 70000, 2)], ids=str)
+@pytest.mark.parametrize("data_format", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("is_training", [True, False], ids=["train", "infer"])
+def test_gpu_formulas_forward(lib, dtype, data_format, dims, is_training):
+    rng = np.random.default_rng(seed_of("bn_math-fwd", dtype, data_format, dims, is_training))
+    shape = make_shape(data_format, *dims)
+    x = random_x(rng, shape, data_format, dtype)
+    v = random_vectors(rng, dims[2], dtype)
+    f = 0.3 if is_training else 1.0
+    kw = dict(epsilon=1e-3, data_format=data_format, is_training=is_training)
+    got = emulate_forward(lib, x, v, factor=f, **kw)
+    with np.errstate(invalid="ignore"):
+        check_forward(got, x, v["scale"], v["offset"], v["mean"], v["variance"],
+                      exponential_avg_factor=f, **kw)
+
+
+@pytest.mark.parametrize("dims", SHAPES + [(64, 4096, 3)], ids=str)
+@pytest.mark.parametrize("data_format", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("is_training", [True, False], ids=["train", "infer"])
+def test_gpu_formulas_grad(lib, dtype, data_format, dims, is_training):
+    rng = np.random.default_rng(seed_of("bn_math-grad", dtype, data_format, dims, is_training))
+    shape = make_shape(data_format, *dims)
+    x = random_x(rng, shape, data_format, dtype)
+    dy = random_x(rng, shape, data_format, dtype, loc=0.0, std=1.0)
+    v = random_vectors(rng, dims[2], dtype)
+    kw = dict(epsilon=1e-3, data_format=data_format, is_training=is_training)
+    got = emulate_grad(lib, dy, x, v["scale"], v["mean"], v["variance"], **kw)
+    check_grad(got, dy, x, v["scale"], v["mean"], v["variance"], **kw)
+
+
+def test_large_mean_float32(lib):
+    rng = np.random.default_rng(seed_of("bn_math-shift"))
+    shape = make_shape("NCHW", 4, 999, 5)
+    x = random_x(rng, shape, "NCHW", np.float32, loc=1e4, std=1.0)
+    v = random_vectors(rng, 5, np.float32)
+    kw = dict(epsilon=1e-4, data_format="NCHW", is_training=True)
+    got = emulate_forward(lib, x, v, factor=1.0, **kw)
+    check_forward(got, x, v["scale"], v["offset"], None, None, **kw)
+
+
+def test_stats_plan_covers_every_element_once():
+    for layout, (outer, c, inner) in [(0, (1000, 3, 1)), (0, (7, 1000, 1)), (0, (3, 1, 1)),
+                                      (1, (5, 7, 100000)), (1, (256, 256, 49)), (1, (1, 1, 3))]:
+        total = outer * c * inner
+        idx = np.arange(total, dtype=np.float64)
+        assert _plan_sums(layout, outer, c, inner, idx).sum() == idx.sum()
+        kind, p1, p2 = _gpu.stats_plan(layout, outer, c, inner)
+        if kind == "last":
+            assert p1 % c == 0 and p1 * p2 <= max(_gpu.TARGET_THREADS, p1)
+        else:
+            assert 1 <= p1 <= outer and 1 <= p2 <= inner

@@ -1,0 +1,148 @@
+"""Every CUDA kernel source cfbn generates compiles to PTX with NVRTC, no GPU needed.
+
+CuPy builds an ElementwiseKernel's CUDA source only when it is first called,
+which needs a device.  Here the source comes from CuPy's internal code
+generator (cupy._core._kernel._get_elementwise_kernel_code), fed the argument
+descriptions that cfbn._gpu's calls produce: every array 1-D and C-contiguous,
+every scalar a C scalar, with 32-bit and with 64-bit indexing.  That
+generator is private; the tests skip, saying why, where cupy, libnvrtc or
+the generator's expected shape is missing.  The CuPy version these internals
+were checked against is PINNED_CUPY; CI installs exactly that one.
+"""
+import os
+import re
+
+import numpy as np
+import pytest
+
+from cfbn import _gpu
+
+PINNED_CUPY = "14.2.0"
+ARCHS = ["compute_80", "compute_90"]
+
+cupy = pytest.importorskip("cupy", reason="cupy is not installed (pip install cfbn[gpu])")
+
+
+def _internals():
+    try:
+        from cupy._core import _carray, _kernel, _scalar, core
+        from cupy.cuda import nvrtc
+        gen = _kernel._get_elementwise_kernel_code
+        arginfo = _kernel._ArgInfo
+        return {
+            "gen": gen, "ArgInfo": arginfo, "CScalar": _scalar.CScalar,
+            "Indexer": _carray.Indexer, "headers": list(core._cupy_header_list),
+            "assemble": core.assemble_cupy_compiler_options, "nvrtc": nvrtc,
+        }
+    except (ImportError, AttributeError) as exc:
+        pytest.skip("CuPy %s internals moved (checked against %s): %s"
+                    % (cupy.__version__, PINNED_CUPY, exc), allow_module_level=True)
+
+
+INTERNALS = _internals()
+try:
+    INTERNALS["nvrtc"].getVersion()
+except Exception as exc:  # the binding raises its own library-lookup errors
+    pytest.skip("libnvrtc is not available (pip install nvidia-cuda-nvrtc-cu12): %s" % exc,
+                allow_module_level=True)
+
+
+def _extra_includes():
+    # cuda_fp16.h, which CuPy's float16 type needs, from the nvidia-cuda-runtime
+    # wheel when CuPy found no CUDA toolkit of its own.
+    try:
+        import nvidia.cuda_runtime
+        return ["-I" + os.path.join(list(nvidia.cuda_runtime.__path__)[0], "include")]
+    except ImportError:
+        return []
+
+
+EXTRA_INCLUDES = _extra_includes()
+
+
+def generated_source(name, idx32):
+    """The CUDA source CuPy would compile for cfbn._gpu's call of kernel `name`."""
+    it = INTERNALS
+    k = _gpu.kernel(name)
+    infos = []
+    for p in k.params:
+        if p.name == "_ind":
+            continue
+        if p.name in _gpu.SCALAR_PARAMS:
+            assert not p.raw, name
+            infos.append(it["ArgInfo"](3, it["CScalar"], np.dtype(p.dtype), 0, True, True))
+        else:
+            infos.append(it["ArgInfo"](1, cupy.ndarray, np.dtype(p.dtype), 1, True, idx32))
+    infos.append(it["ArgInfo"](2, it["Indexer"], None, 1, True, idx32))
+    in_dtypes = tuple(np.dtype(p.dtype) for p in k.in_params)
+    try:
+        type_map = k._decide_params_type(in_dtypes, ())[2]
+        src = it["gen"](tuple(infos), type_map, k.params, k.operation, k.name, k.preamble)
+    except (AttributeError, TypeError) as exc:
+        pytest.skip("CuPy %s code generator changed (checked against %s): %s"
+                    % (cupy.__version__, PINNED_CUPY, exc))
+    headers = "".join("#include <%s>\n" % h for h in it["headers"])
+    return headers + src
+
+
+def nvrtc_ptx(src, name, arch):
+    nvrtc = INTERNALS["nvrtc"]
+    # The options CuPy itself compiles with: its headers, CCCL, the CUDA include
+    # directory it found (cuda_fp16.h for float16), C++17.
+    opts = list(INTERNALS["assemble"](("-arch=%s" % arch,))) + EXTRA_INCLUDES
+    prog = nvrtc.createProgram(src, name + ".cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, opts)
+        except nvrtc.NVRTCError:
+            log = nvrtc.getProgramLog(prog)
+            pytest.fail("NVRTC failed on %s for %s:\n%s" % (name, arch, log))
+        log = nvrtc.getProgramLog(prog)
+        ptx = nvrtc.getPTX(prog)
+        return (ptx.decode() if isinstance(ptx, bytes) else ptx), log
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def test_every_kernel_is_named_and_listed():
+    names = sorted(_gpu.KERNEL_SPECS)
+    assert all(re.fullmatch(r"cfbn_[a-z0-9_]+", n) for n in names)
+    # 4 passes x 3 dtypes x 2 layouts, 3 forward finalizers, 2 + 2 by vector dtype
+    assert len(names) == 31
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("idx32", [True, False], ids=["idx32", "idx64"])
+@pytest.mark.parametrize("name", sorted(_gpu.KERNEL_SPECS))
+def test_kernel_compiles(name, idx32, arch):
+    src = generated_source(name, idx32)
+    assert _gpu.preamble() in src
+    ptx, log = nvrtc_ptx(src, name, arch)
+    assert ".entry %s(" % name in ptx or ".entry %s" % name in ptx, "entry missing from PTX"
+    assert ".target sm_%s" % arch.split("_")[1] in ptx
+    assert "warning" not in log.lower(), log
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_header_compiles_alone_under_nvrtc(arch):
+    src = ('#include "cfbn_bn_math.h"\n'
+           'extern "C" __global__ void cfbn_probe(const float *x, float *y, double *s) {\n'
+           '  double a = 0.0, b = 0.0, m, v;\n'
+           '  cfbn_stats_add((double)x[0], 1.0, &a, &b);\n'
+           '  cfbn_moments(1.0, a, b, 1, &m, &v);\n'
+           '  y[0] = cfbn_normalize_f(x[0], cfbn_mean_hi_f(m), cfbn_mean_lo_f(m), 1.f, 0.f);\n'
+           '  s[0] = cfbn_grad_dx_d(1.0, 2.0, m, 0.0, v, 1.0, 0.0);\n'
+           '  s[1] = (double)cfbn_channel_first(threadIdx.x, 3, 5);\n'
+           '}\n')
+    nvrtc = INTERNALS["nvrtc"]
+    prog = nvrtc.createProgram(src, "probe.cu", [_gpu.preamble().encode()],
+                               [b"cfbn_bn_math.h"])
+    try:
+        try:
+            nvrtc.compileProgram(prog, ["-arch=%s" % arch, "-std=c++17"])
+        except nvrtc.NVRTCError:
+            pytest.fail(nvrtc.getProgramLog(prog))
+        ptx = nvrtc.getPTX(prog)
+        assert ".entry cfbn_probe" in (ptx.decode() if isinstance(ptx, bytes) else ptx)
+    finally:
+        nvrtc.destroyProgram(prog)
