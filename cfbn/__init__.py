@@ -8,6 +8,12 @@ __version__ = "0.1.0"
 from . import reference
 from ._api import (BatchNormGrad, BatchNormOutput, fused_batch_norm, fused_batch_norm_grad,
                    runtime_info)
+from ._split import (BatchNormGradStatistics, BatchNormStatistics, batch_norm_apply,
+                     batch_norm_grad_apply, batch_norm_grad_statistics, batch_norm_statistics,
+                     merge_statistics, merge_statistics_many)
 
 __all__ = ["BatchNormGrad", "BatchNormOutput", "fused_batch_norm", "fused_batch_norm_grad",
-           "reference", "runtime_info", "__version__"]
+           "reference", "runtime_info", "__version__",
+           "BatchNormGradStatistics", "BatchNormStatistics", "batch_norm_apply",
+           "batch_norm_grad_apply", "batch_norm_grad_statistics", "batch_norm_statistics",
+           "merge_statistics", "merge_statistics_many"]
