@@ -6,14 +6,17 @@ parallelized with OpenMP; TensorFlow's FusedBatchNormV3 semantics.
 __version__ = "0.1.0"
 
 from . import reference
-from ._api import (BatchNormGrad, BatchNormOutput, fused_batch_norm, fused_batch_norm_grad,
-                   runtime_info)
+from ._api import (BatchNormGrad, BatchNormGradSide, BatchNormOutput, fused_batch_norm,
+                   fused_batch_norm_grad, runtime_info)
+from .fold import fold_batch_norm
+from .layer import BatchNorm
 from ._split import (BatchNormGradStatistics, BatchNormStatistics, batch_norm_apply,
                      batch_norm_grad_apply, batch_norm_grad_statistics, batch_norm_statistics,
                      merge_statistics, merge_statistics_many)
 
-__all__ = ["BatchNormGrad", "BatchNormOutput", "fused_batch_norm", "fused_batch_norm_grad",
-           "reference", "runtime_info", "__version__",
+__all__ = ["BatchNormGrad", "BatchNormGradSide", "BatchNormOutput", "fused_batch_norm",
+           "fused_batch_norm_grad", "reference", "runtime_info", "__version__",
+           "BatchNorm", "fold_batch_norm",
            "BatchNormGradStatistics", "BatchNormStatistics", "batch_norm_apply",
            "batch_norm_grad_apply", "batch_norm_grad_statistics", "batch_norm_statistics",
            "merge_statistics", "merge_statistics_many"]

@@ -10,6 +10,15 @@ from . import _kernels
 BatchNormOutput = namedtuple(
     "BatchNormOutput", ["y", "batch_mean", "batch_variance", "reserve_space_1", "reserve_space_2"])
 BatchNormGrad = namedtuple("BatchNormGrad", ["x_backprop", "scale_backprop", "offset_backprop"])
+# The gradient of a call with side_input= has a fourth output; without one the
+# result stays TensorFlow's three fields.
+BatchNormGradSide = namedtuple(
+    "BatchNormGradSide", ["x_backprop", "scale_backprop", "offset_backprop", "side_input_backprop"])
+
+# activation name -> (code of enum cfbn_activation, default alpha or None if it takes none)
+ACTIVATIONS = {None: (0, None), "relu": (1, None), "relu6": (2, None),
+               "leaky_relu": (3, 0.01), "elu": (4, 1.0), "sigmoid": (5, None),
+               "tanh": (6, None), "silu": (7, None)}
 
 # data_format -> (rank, channels first?).  NC's channel axis is 1 and last.
 LAYOUTS = {"NHWC": (4, False), "NDHWC": (5, False), "NC": (2, False),
@@ -136,6 +145,44 @@ def _check_stats_given(training, factor, mean, variance):
         raise ValueError("%s: required when %s" % (missing, why))
 
 
+def _activation(activation, alpha):
+    """(activation code, alpha as a float) after checking both."""
+    try:
+        code, default = ACTIVATIONS[activation]
+    except (KeyError, TypeError):
+        names = ", ".join(repr(k) for k in ACTIVATIONS)
+        raise ValueError("activation: expected one of %s, got %r" % (names, activation)) from None
+    if default is None:
+        if alpha is not None:
+            raise ValueError("alpha: only leaky_relu and elu take alpha, got alpha=%r with "
+                             "activation=%r" % (alpha, activation))
+        return code, 0.0
+    if alpha is None:
+        return code, default
+    try:
+        a = float(alpha)
+    except (TypeError, ValueError):
+        raise TypeError("alpha: expected a float, got %r" % (alpha,)) from None
+    if not math.isfinite(a):
+        raise ValueError("alpha: expected a finite value, got %r" % (alpha,))
+    return code, a
+
+
+def _side_input(side_input, x):
+    side = _as_array(side_input, "side_input")
+    if side.dtype != x.dtype:
+        raise TypeError("side_input: expected dtype %s to match x, got %s" % (x.dtype, side.dtype))
+    if side.shape != x.shape:
+        raise ValueError("side_input: expected x's shape %s, got %s" % (x.shape, side.shape))
+    return _contiguous(side)
+
+
+def _no_gpu_fusion(activation, alpha, side_input, extra=None):
+    if activation is not None or alpha is not None or side_input is not None or extra is not None:
+        raise NotImplementedError("activation=, alpha=, side_input= and offset= are not supported "
+                                  "for CuPy arrays yet; apply them to the result instead")
+
+
 def _check_dy(dy, x):
     if dy.dtype != x.dtype:
         raise TypeError("y_backprop: expected dtype %s to match x, got %s" % (x.dtype, dy.dtype))
@@ -221,7 +268,7 @@ def _check_out_array(a, name, shape, dtype):
 
 def fused_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4,
                      exponential_avg_factor=1.0, data_format="NHWC", is_training=True,
-                     n_threads=None, out=None):
+                     n_threads=None, out=None, activation=None, alpha=None, side_input=None):
     """Batch normalization of `x`, forward, as TensorFlow's FusedBatchNormV3.
 
     Parameters
@@ -246,6 +293,16 @@ def fused_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4
         OpenMP threads; None uses OpenMP's default.  Results do not depend on it.
     out : tuple, list or dict, optional
         Preallocated outputs (some or all), written in place and returned.
+    activation : {None, "relu", "relu6", "leaky_relu", "elu", "sigmoid", "tanh", "silu"}
+        Applied to the normalized value in the same pass that writes y.
+    alpha : float, optional
+        leaky_relu's negative slope (default 0.01) or elu's scale (default
+        1.0); an error for the other activations.
+    side_input : ndarray, optional
+        A tensor of x's shape and dtype added before the activation:
+        ``y = act(scale * (x - mean) / sqrt(variance + epsilon) + offset + side_input)``
+        (a residual connection, as cuDNN's BN-add-activation).  y may be this
+        very array (computed in place).
 
     Returns
     -------
@@ -262,13 +319,14 @@ def fused_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4
     (all on one device) run on that GPU and give CuPy arrays; `n_threads` is
     then checked but has no effect.
     """
-    if out is None:
+    if out is None and activation is None and alpha is None and side_input is None:
         result = _kernels.fast_forward(x, scale, offset, mean, variance, epsilon,
                                        exponential_avg_factor, data_format, is_training,
                                        n_threads)
         if result is not None:
             return result
     if type(x) is not np.ndarray and _is_cupy(x):
+        _no_gpu_fusion(activation, alpha, side_input)
         from . import _gpu
         return _gpu.forward(x, scale, offset, mean, variance, epsilon, exponential_avg_factor,
                             data_format, is_training, n_threads, out)
@@ -284,26 +342,30 @@ def fused_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4
         mean = _vector(mean, "mean", channels, vdt)
     if variance is not None:
         variance = _vector(variance, "variance", channels, vdt)
+    act, act_alpha = _activation(activation, alpha)
+    side = _side_input(side_input, x) if side_input is not None else None
+    fusion = (act, act_alpha, side, None, None) if act or side is not None else None
     nt = _threads(n_threads)
     vshape = (channels,)
     y, bm, bv, rs1, rs2 = _outputs(
         out, BatchNormOutput._fields,
         ((x.shape, x.dtype), (vshape, vdt), (vshape, vdt), (vshape, vdt), (vshape, vdt)),
-        (("x", x), ("scale", scale), ("offset", offset), ("mean", mean), ("variance", variance)))
+        (("x", x), ("scale", scale), ("offset", offset), ("mean", mean), ("variance", variance),
+         ("side_input", side)))
     if training:
         _kernels.forward_training(dt, layout, outer, channels, inner, nt, x, scale, offset,
                                   mean if factor != 1.0 else None,
                                   variance if factor != 1.0 else None,
-                                  eps, factor, y, bm, bv, rs1, rs2)
+                                  eps, factor, y, bm, bv, rs1, rs2, fusion)
     else:
         _kernels.forward_inference(dt, layout, outer, channels, inner, nt, x, scale, offset,
-                                   mean, variance, eps, y, bm, bv, rs1, rs2)
+                                   mean, variance, eps, y, bm, bv, rs1, rs2, fusion)
     return BatchNormOutput(y, bm, bv, rs1, rs2)
 
 
 def fused_batch_norm_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2, *,
                           epsilon=1e-4, data_format="NHWC", is_training=True, n_threads=None,
-                          out=None):
+                          out=None, offset=None, activation=None, alpha=None, side_input=None):
     """Gradient of batch normalization, as TensorFlow's FusedBatchNormGradV3.
 
     Parameters
@@ -320,23 +382,36 @@ def fused_batch_norm_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2
     epsilon, data_format, is_training, n_threads
         As for `fused_batch_norm`; use the forward pass's values.
     out : tuple, list or dict, optional
-        Preallocated outputs (some or all), written in place and returned.
+        Preallocated outputs (some or all), written in place and returned;
+        with `side_input` it has the fourth field ``side_input_backprop``.
+    offset : ndarray, optional
+        The forward pass's per-channel beta; required with an `activation`
+        (the pre-activation is recomputed from x, the statistics, scale and
+        offset: no mask or workspace is kept between the passes).
+    activation, alpha, side_input
+        The forward pass's values.  With an activation, y_backprop is first
+        multiplied by act'(pre-activation); act'(0) is 0 for relu and relu6
+        (and relu6'(6) = 0), alpha for leaky_relu and elu, as TensorFlow and
+        PyTorch define them.
 
     Returns
     -------
-    BatchNormGrad
-        ``(x_backprop, scale_backprop, offset_backprop)``.
+    BatchNormGrad or BatchNormGradSide
+        ``(x_backprop, scale_backprop, offset_backprop)``; with `side_input`,
+        a BatchNormGradSide with ``side_input_backprop = y_backprop * act'``
+        as a fourth field.
 
     Notes
     -----
     CuPy arrays (all on one device) run on that GPU and give CuPy arrays.
     """
-    if out is None:
+    if out is None and activation is None and side_input is None and alpha is None:
         result = _kernels.fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2,
                                         epsilon, data_format, is_training, n_threads)
         if result is not None:
             return result
     if type(x) is not np.ndarray and _is_cupy(x):
+        _no_gpu_fusion(activation, alpha, side_input, offset)
         from . import _gpu
         return _gpu.backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon,
                              data_format, is_training, n_threads, out)
@@ -349,15 +424,28 @@ def fused_batch_norm_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2
     mu = _vector(reserve_space_1, "reserve_space_1", channels, vdt)
     var = _vector(reserve_space_2, "reserve_space_2", channels, vdt)
     eps = _epsilon(epsilon)
+    act, act_alpha = _activation(activation, alpha)
+    if act and offset is None:
+        raise ValueError("offset: required when activation is set (the gradient recomputes "
+                         "the pre-activation from it)")
+    if offset is not None:
+        offset = _vector(offset, "offset", channels, vdt)
+    side = _side_input(side_input, x) if side_input is not None else None
     nt = _threads(n_threads)
     vshape = (channels,)
-    dx, dscale, doffset = _outputs(
-        out, BatchNormGrad._fields, ((x.shape, x.dtype), (vshape, vdt), (vshape, vdt)),
+    result_type = BatchNormGradSide if side is not None else BatchNormGrad
+    specs = ((x.shape, x.dtype), (vshape, vdt), (vshape, vdt), (x.shape, x.dtype))
+    outs = _outputs(
+        out, result_type._fields, specs[:len(result_type._fields)],
         (("y_backprop", dy), ("x", x), ("scale", scale), ("reserve_space_1", mu),
-         ("reserve_space_2", var)))
+         ("reserve_space_2", var), ("offset", offset), ("side_input", side)))
+    dx, dscale, doffset = outs[:3]
+    fusion = None
+    if act or side is not None:
+        fusion = (act, act_alpha, side, offset, outs[3] if side is not None else None)
     _kernels.backward(dt, layout, outer, channels, inner, nt, bool(is_training), dy, x, scale,
-                      mu, var, eps, dx, dscale, doffset)
-    return BatchNormGrad(dx, dscale, doffset)
+                      mu, var, eps, dx, dscale, doffset, fusion)
+    return result_type(*outs)
 
 
 def runtime_info():

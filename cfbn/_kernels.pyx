@@ -22,6 +22,12 @@ cdef extern from "cfbn.h":
         int64_t channels
         int64_t inner
         int n_threads
+    ctypedef struct cfbn_fusion:
+        int act
+        double alpha
+        const void *side
+        const void *offset
+        void *side_grad
     int CFBN_ISA_COUNT
     const char *cfbn_isa_name(int isa)
     int cfbn_isa_compiled(int isa)
@@ -33,16 +39,19 @@ cdef extern from "cfbn.h":
                               const void *mean, const void *variance,
                               double epsilon, double factor,
                               void *y, void *batch_mean, void *batch_variance,
-                              void *saved_mean, void *saved_variance) nogil
+                              void *saved_mean, void *saved_variance,
+                              const cfbn_fusion *fusion) nogil
     int cfbn_forward_inference(const cfbn_kernels *k, const cfbn_shape *s,
                                const void *x, const void *scale, const void *offset,
                                const void *mean, const void *variance, double epsilon,
                                void *y, void *batch_mean, void *batch_variance,
-                               void *saved_mean, void *saved_variance) nogil
+                               void *saved_mean, void *saved_variance,
+                               const cfbn_fusion *fusion) nogil
     int cfbn_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
                       const void *dy, const void *x, const void *scale,
                       const void *saved_mean, const void *saved_variance, double epsilon,
-                      void *dx, void *scale_backprop, void *offset_backprop) nogil
+                      void *dx, void *scale_backprop, void *offset_backprop,
+                      const cfbn_fusion *fusion) nogil
     int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x,
                         double *mean, double *m2) nogil
     int cfbn_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *x, const void *scale,
@@ -114,6 +123,19 @@ cdef inline void *_ptr(object a):
     return cnp.PyArray_DATA(<cnp.ndarray>a)
 
 
+cdef inline const cfbn_fusion *_fusion(cfbn_fusion *f, object fusion):
+    """fusion = (activation code, alpha, side, offset, side_grad), or None."""
+    if fusion is None:
+        return NULL
+    act, alpha, side, offset, side_grad = fusion
+    f.act = act
+    f.alpha = alpha
+    f.side = _ptr(side)
+    f.offset = _ptr(offset)
+    f.side_grad = _ptr(side_grad)
+    return f
+
+
 cdef inline int _shape(cfbn_shape *s, int dtype, int layout, int64_t outer, int64_t channels,
                        int64_t inner, int n_threads) except -1:
     s.dtype = dtype
@@ -127,8 +149,11 @@ cdef inline int _shape(cfbn_shape *s, int dtype, int layout, int64_t outer, int6
 
 def forward_training(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
                      int n_threads, x, scale, offset, mean, variance, double epsilon,
-                     double factor, y, batch_mean, batch_variance, saved_mean, saved_variance):
+                     double factor, y, batch_mean, batch_variance, saved_mean, saved_variance,
+                     fusion=None):
     cdef cfbn_shape s
+    cdef cfbn_fusion fu
+    cdef const cfbn_fusion *pfu = _fusion(&fu, fusion)
     _shape(&s, dtype, layout, outer, channels, inner, n_threads)
     cdef void *px = _ptr(x)
     cdef void *pscale = _ptr(scale)
@@ -143,15 +168,17 @@ def forward_training(int dtype, int layout, int64_t outer, int64_t channels, int
     cdef int rc
     with nogil:
         rc = cfbn_forward_training(_table, &s, px, pscale, poffset, pmean, pvar, epsilon, factor,
-                                   py, pbm, pbv, psm, psv)
+                                   py, pbm, pbv, psm, psv, pfu)
     if rc != 0:
         raise MemoryError("cfbn: out of memory for scratch buffers")
 
 
 def forward_inference(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
                       int n_threads, x, scale, offset, mean, variance, double epsilon,
-                      y, batch_mean, batch_variance, saved_mean, saved_variance):
+                      y, batch_mean, batch_variance, saved_mean, saved_variance, fusion=None):
     cdef cfbn_shape s
+    cdef cfbn_fusion fu
+    cdef const cfbn_fusion *pfu = _fusion(&fu, fusion)
     _shape(&s, dtype, layout, outer, channels, inner, n_threads)
     cdef void *px = _ptr(x)
     cdef void *pscale = _ptr(scale)
@@ -166,15 +193,17 @@ def forward_inference(int dtype, int layout, int64_t outer, int64_t channels, in
     cdef int rc
     with nogil:
         rc = cfbn_forward_inference(_table, &s, px, pscale, poffset, pmean, pvar, epsilon,
-                                    py, pbm, pbv, psm, psv)
+                                    py, pbm, pbv, psm, psv, pfu)
     if rc != 0:
         raise MemoryError("cfbn: out of memory for scratch buffers")
 
 
 def backward(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
              int n_threads, bint training, dy, x, scale, saved_mean, saved_variance,
-             double epsilon, dx, scale_backprop, offset_backprop):
+             double epsilon, dx, scale_backprop, offset_backprop, fusion=None):
     cdef cfbn_shape s
+    cdef cfbn_fusion fu
+    cdef const cfbn_fusion *pfu = _fusion(&fu, fusion)
     _shape(&s, dtype, layout, outer, channels, inner, n_threads)
     cdef void *pdy = _ptr(dy)
     cdef void *px = _ptr(x)
@@ -187,7 +216,7 @@ def backward(int dtype, int layout, int64_t outer, int64_t channels, int64_t inn
     cdef int rc
     with nogil:
         rc = cfbn_backward(_table, &s, training, pdy, px, pscale, psm, psv, epsilon,
-                           pdx, psb, pob)
+                           pdx, psb, pob, pfu)
     if rc != 0:
         raise MemoryError("cfbn: out of memory for scratch buffers")
 

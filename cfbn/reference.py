@@ -13,6 +13,10 @@ __all__ = [
     "LAYOUTS",
     "BatchNormOutput",
     "BatchNormGrad",
+    "BatchNormGradSide",
+    "ACTIVATIONS",
+    "activation",
+    "activation_grad",
     "channel_axis",
     "reduce_axes",
     "fused_batch_norm",
@@ -35,6 +39,89 @@ BatchNormOutput = namedtuple(
 BatchNormGrad = namedtuple(
     "BatchNormGrad", ["x_backprop", "scale_backprop", "offset_backprop"]
 )
+BatchNormGradSide = namedtuple(
+    "BatchNormGradSide",
+    ["x_backprop", "scale_backprop", "offset_backprop", "side_input_backprop"],
+)
+
+#: Fusable activations and their default ``alpha`` (None: takes no alpha).
+ACTIVATIONS = {
+    None: None,
+    "relu": None,
+    "relu6": None,
+    "leaky_relu": 0.01,
+    "elu": 1.0,
+    "sigmoid": None,
+    "tanh": None,
+    "silu": None,
+}
+
+
+def _alpha(name, alpha):
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}")
+    default = ACTIVATIONS[name]
+    return default if alpha is None else float(alpha)
+
+
+def activation(v, name, alpha=None):
+    """The activation ``name`` of the pre-activation ``v``, in float64.
+
+    NaN propagates (relu(NaN) is NaN).
+    """
+    v = np.asarray(v, dtype=np.float64)
+    a = _alpha(name, alpha)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if name is None:
+            return v.copy()
+        if name == "relu":
+            return np.where(v < 0, 0.0, v)
+        if name == "relu6":
+            return np.where(v < 0, 0.0, np.where(v > 6, 6.0, v))
+        if name == "leaky_relu":
+            return np.where(v < 0, a * v, v)
+        if name == "elu":
+            return np.where(v < 0, a * np.expm1(np.minimum(v, 0.0)), v)
+        if name == "sigmoid":
+            return 1.0 / (1.0 + np.exp(-v))
+        if name == "tanh":
+            return np.tanh(v)
+        return v / (1.0 + np.exp(-v))  # silu
+
+
+def activation_grad(v, name, alpha=None):
+    """d activation / d v at ``v``, in float64.
+
+    At the kinks, as TensorFlow and PyTorch: relu'(0) = 0, relu6'(0) =
+    relu6'(6) = 0, leaky_relu'(0) = alpha, elu'(0) = alpha.  NaN gives NaN.
+    """
+    v = np.asarray(v, dtype=np.float64)
+    a = _alpha(name, alpha)
+    nan = np.isnan(v)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if name is None:
+            return np.ones_like(v)
+        if name == "relu":
+            d = (v > 0).astype(np.float64)
+        elif name == "relu6":
+            d = ((v > 0) & (v < 6)).astype(np.float64)
+        elif name == "leaky_relu":
+            d = np.where(v > 0, 1.0, a)
+        elif name == "elu":
+            d = np.where(v > 0, 1.0, a * np.exp(np.minimum(v, 0.0)))
+        elif name == "sigmoid":
+            s = 1.0 / (1.0 + np.exp(-v))
+            d = s * (1.0 - s)
+        elif name == "tanh":
+            d = 1.0 - np.tanh(v) ** 2
+        else:
+            s = 1.0 / (1.0 + np.exp(-v))
+            d = s * (1.0 + v * (1.0 - s))
+    return np.where(nan, np.nan, d)
+
+
+# the entry points below take an `activation` argument that hides the function
+_activation_fn = activation
 
 
 def channel_axis(data_format, ndim):
@@ -122,6 +209,9 @@ def fused_batch_norm(
     exponential_avg_factor=1.0,
     data_format="NHWC",
     is_training=True,
+    activation=None,
+    alpha=None,
+    side_input=None,
 ):
     """Batch normalization forward pass, evaluated in float64.
 
@@ -142,6 +232,10 @@ def fused_batch_norm(
         Layout of ``x``.
     is_training : bool, optional
         Use batch statistics (True) or the given population ones (False).
+    activation, alpha : optional
+        A fused activation (see ``ACTIVATIONS``) and its parameter.
+    side_input : array_like, optional
+        Added to the normalized value before the activation.
 
     Returns
     -------
@@ -152,10 +246,14 @@ def fused_batch_norm(
     # NaN and Inf in x propagate by design (and n = 0 divides by zero), so
     # their floating-point warnings carry no information.
     with np.errstate(invalid="ignore", divide="ignore"):
-        return _forward(
+        out = _forward(
             np.asarray(x, dtype=np.float64), scale, offset, mean, variance, epsilon,
             float(exponential_avg_factor), data_format, is_training,
         )
+        pre = out.y
+        if side_input is not None:
+            pre = pre + np.asarray(side_input, dtype=np.float64)
+        return out._replace(y=_activation_fn(pre, activation, alpha))
 
 
 def _forward(x, scale, offset, mean, variance, epsilon, f, data_format, is_training):
@@ -204,6 +302,10 @@ def fused_batch_norm_grad(
     epsilon=1e-4,
     data_format="NHWC",
     is_training=True,
+    offset=None,
+    activation=None,
+    alpha=None,
+    side_input=None,
 ):
     """Batch normalization gradient, evaluated in float64.
 
@@ -224,17 +326,37 @@ def fused_batch_norm_grad(
         Layout of ``x`` and ``y_backprop``.
     is_training : bool, optional
         Whether the statistics were computed from ``x`` itself.
+    offset, activation, alpha, side_input : optional
+        With an activation, ``y_backprop`` is first multiplied by act' at the
+        pre-activation ``scale * (x - mean) * r + offset + side_input``
+        (``offset`` is then required).
 
     Returns
     -------
-    BatchNormGrad
-        ``(x_backprop, scale_backprop, offset_backprop)``, all float64.
+    BatchNormGrad or BatchNormGradSide
+        ``(x_backprop, scale_backprop, offset_backprop)``, all float64, and
+        ``side_input_backprop`` (y_backprop times act') when ``side_input``
+        is given.
     """
     dy = np.asarray(y_backprop, dtype=np.float64)
     x = np.asarray(x, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return _grad(dy, x, scale, reserve_space_1, reserve_space_2, epsilon, data_format,
-                     is_training)
+        if activation is not None:
+            if offset is None:
+                raise ValueError("offset is required with an activation")
+            axis = channel_axis(data_format, x.ndim)
+            r = 1.0 / np.sqrt(np.asarray(reserve_space_2, dtype=np.float64) + epsilon)
+            pre = _per_channel(np.asarray(scale, dtype=np.float64) * r, x.ndim, axis) * (
+                x - _per_channel(reserve_space_1, x.ndim, axis)
+            ) + _per_channel(offset, x.ndim, axis)
+            if side_input is not None:
+                pre = pre + np.asarray(side_input, dtype=np.float64)
+            dy = dy * activation_grad(pre, activation, alpha)
+        g = _grad(dy, x, scale, reserve_space_1, reserve_space_2, epsilon, data_format,
+                  is_training)
+        if side_input is None:
+            return g
+        return BatchNormGradSide(*g, dy)
 
 
 def _grad(dy, x, scale, reserve_space_1, reserve_space_2, epsilon, data_format, is_training):

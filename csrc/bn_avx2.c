@@ -7,13 +7,19 @@
  * folds away); f64 has its own.  Rows kernels whose width divides the vector
  * period (16 floats, 8 doubles) run as one flat stream with per-lane
  * parameters, because then every lane always sees the same column; other
- * widths go row by row with a masked tail. */
+ * widths go row by row with a masked tail.
+ *
+ * Fused activations (bn_fuse.h drives the blocks): relu, relu6 and leaky relu
+ * by max/min/blend; elu, sigmoid, tanh and silu through exp_ps, a Cephes-style
+ * expf; float64 tensors use bn_act.h's libm formulas. */
 #include "cfbn.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>
 #include <string.h>
+
+#include "bn_fuse.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -642,6 +648,188 @@ INLINE int rows_stream_ok(const float *out, int64_t w)
     return ((uintptr_t)out & 15) == 0 && (w & 3) == 0 && w >= 16;
 }
 
+/* ---- fused activations (f32 and f16 tensors) ----
+ * exp as in Cephes' expf: e^x = 2^k e^r with k = round(x / ln 2), r = x - k ln 2
+ * formed in two FMA steps (ln 2 = C1 + C2, C1 with few bits so k * C1 is
+ * exact), e^r by a degree-6 polynomial on |r| <= ln 2 / 2, 2^k put into the
+ * exponent bits.  About 1 ulp on the clamped range; the clamp keeps 2^k a
+ * normal number (k in [-126, 127]); outside it the activations below are
+ * flat to float precision anyway.  min/max take the NaN operand second so a
+ * NaN stays NaN. */
+INLINE __m256 exp_ps(__m256 x)
+{
+    x = _mm256_max_ps(_mm256_set1_ps(-87.33654f), _mm256_min_ps(_mm256_set1_ps(88.0f), x));
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+INLINE __m256 sigmoid_ps(__m256 v)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    return _mm256_div_ps(one, _mm256_add_ps(one, exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+}
+
+/* tanh: for |v| < 0.625 Cephes' odd polynomial v + v^3 P(v^2), because
+ * 1 - 2/(e^2|v| + 1) loses relative precision as |v| -> 0; above, that
+ * formula, whose error is then a couple of ulps of the result. */
+INLINE __m256 tanh_ps(__m256 v)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    __m256 a = _mm256_andnot_ps(sign, v);
+    __m256 z = _mm256_mul_ps(v, v);
+    __m256 p = _mm256_set1_ps(-5.70498872745e-3f);
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(2.06390887954e-2f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-5.37397155531e-2f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036e-1f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422e-1f));
+    __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), v, v);
+    __m256 e = exp_ps(_mm256_add_ps(a, a));
+    __m256 big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+    big = _mm256_or_ps(big, _mm256_and_ps(sign, v));
+    return _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
+}
+
+INLINE __m256 act_ps(__m256 v, int kind, __m256 al)
+{
+    const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+    switch (kind) {
+    case CFBN_ACT_RELU: return _mm256_max_ps(zero, v);
+    case CFBN_ACT_RELU6: return _mm256_min_ps(_mm256_set1_ps(6.0f), _mm256_max_ps(zero, v));
+    case CFBN_ACT_LEAKY_RELU:
+        return _mm256_blendv_ps(v, _mm256_mul_ps(al, v), _mm256_cmp_ps(v, zero, _CMP_LT_OQ));
+    case CFBN_ACT_ELU:
+        return _mm256_blendv_ps(v, _mm256_mul_ps(al, _mm256_sub_ps(exp_ps(v), one)), _mm256_cmp_ps(v, zero, _CMP_LT_OQ));
+    case CFBN_ACT_SIGMOID: return sigmoid_ps(v);
+    case CFBN_ACT_TANH: return tanh_ps(v);
+    case CFBN_ACT_SILU:
+        return _mm256_div_ps(v, _mm256_add_ps(one, exp_ps(_mm256_sub_ps(zero, v))));
+    default: return v;
+    }
+}
+
+/* d act / d v; a NaN v gives NaN (the unordered mask is all ones, a NaN) */
+INLINE __m256 act_grad_ps(__m256 v, int kind, __m256 al)
+{
+    const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+    __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    __m256 pos = _mm256_cmp_ps(v, zero, _CMP_GT_OQ);
+    switch (kind) {
+    case CFBN_ACT_RELU: return _mm256_or_ps(_mm256_and_ps(pos, one), nan);
+    case CFBN_ACT_RELU6: {
+        __m256 in = _mm256_and_ps(pos, _mm256_cmp_ps(v, _mm256_set1_ps(6.0f), _CMP_LT_OQ));
+        return _mm256_or_ps(_mm256_and_ps(in, one), nan);
+    }
+    case CFBN_ACT_LEAKY_RELU: return _mm256_or_ps(_mm256_blendv_ps(al, one, pos), nan);
+    case CFBN_ACT_ELU: return _mm256_blendv_ps(_mm256_mul_ps(al, exp_ps(v)), one, pos);
+    case CFBN_ACT_SIGMOID: {
+        __m256 s = sigmoid_ps(v);
+        return _mm256_mul_ps(s, _mm256_sub_ps(one, s));
+    }
+    case CFBN_ACT_TANH: {
+        __m256 t = tanh_ps(v);
+        return _mm256_fnmadd_ps(t, t, one);
+    }
+    case CFBN_ACT_SILU: {
+        __m256 s = sigmoid_ps(v);
+        return _mm256_mul_ps(s, _mm256_fmadd_ps(v, _mm256_sub_ps(one, s), one));
+    }
+    default: return one;
+    }
+}
+
+INLINE void act_loop_ps(const float *t, const void *side, void *out, int64_t n, int half, int kind, float alpha)
+{
+    __m256 al = _mm256_set1_ps(alpha);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(t + i);
+        if (side) v = _mm256_add_ps(v, ld8(side, i, half));
+        st8(out, i, act_ps(v, kind, al), half);
+    }
+    if (i < n) {
+        int64_t cnt = n - i;
+        __m256 v = ld_part(t, i, cnt, cnt, 0);
+        if (side) v = _mm256_add_ps(v, ld_part(side, i, cnt, cnt, half));
+        st_part(out, i, act_ps(v, kind, al), cnt, half);
+    }
+}
+
+INLINE void act_grad_loop_ps(float *t, const void *dy, const void *side, int64_t n, int half, int kind, float alpha)
+{
+    __m256 al = _mm256_set1_ps(alpha);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(t + i);
+        if (side) v = _mm256_add_ps(v, ld8(side, i, half));
+        _mm256_storeu_ps(t + i, _mm256_mul_ps(ld8(dy, i, half), act_grad_ps(v, kind, al)));
+    }
+    if (i < n) {
+        int64_t cnt = n - i;
+        __m256 v = ld_part(t, i, cnt, cnt, 0);
+        if (side) v = _mm256_add_ps(v, ld_part(side, i, cnt, cnt, half));
+        st_part(t, i, _mm256_mul_ps(ld_part(dy, i, cnt, cnt, half), act_grad_ps(v, kind, al)), cnt, 0);
+    }
+}
+
+/* One loop per activation, so the choice is made once per block rather than
+ * per vector. */
+static void act_f32(const float *t, const void *side, void *out, int64_t n, int half, int kind, float alpha)
+{
+    switch (kind) {
+    case CFBN_ACT_RELU: act_loop_ps(t, side, out, n, half, CFBN_ACT_RELU, alpha); break;
+    case CFBN_ACT_RELU6: act_loop_ps(t, side, out, n, half, CFBN_ACT_RELU6, alpha); break;
+    case CFBN_ACT_LEAKY_RELU: act_loop_ps(t, side, out, n, half, CFBN_ACT_LEAKY_RELU, alpha); break;
+    case CFBN_ACT_ELU: act_loop_ps(t, side, out, n, half, CFBN_ACT_ELU, alpha); break;
+    case CFBN_ACT_SIGMOID: act_loop_ps(t, side, out, n, half, CFBN_ACT_SIGMOID, alpha); break;
+    case CFBN_ACT_TANH: act_loop_ps(t, side, out, n, half, CFBN_ACT_TANH, alpha); break;
+    case CFBN_ACT_SILU: act_loop_ps(t, side, out, n, half, CFBN_ACT_SILU, alpha); break;
+    default: act_loop_ps(t, side, out, n, half, CFBN_ACT_NONE, alpha); break;
+    }
+}
+
+static void act_grad_f32(float *t, const void *dy, const void *side, int64_t n, int half, int kind, float alpha)
+{
+    switch (kind) {
+    case CFBN_ACT_RELU: act_grad_loop_ps(t, dy, side, n, half, CFBN_ACT_RELU, alpha); break;
+    case CFBN_ACT_RELU6: act_grad_loop_ps(t, dy, side, n, half, CFBN_ACT_RELU6, alpha); break;
+    case CFBN_ACT_LEAKY_RELU: act_grad_loop_ps(t, dy, side, n, half, CFBN_ACT_LEAKY_RELU, alpha); break;
+    case CFBN_ACT_ELU: act_grad_loop_ps(t, dy, side, n, half, CFBN_ACT_ELU, alpha); break;
+    case CFBN_ACT_SIGMOID: act_grad_loop_ps(t, dy, side, n, half, CFBN_ACT_SIGMOID, alpha); break;
+    case CFBN_ACT_TANH: act_grad_loop_ps(t, dy, side, n, half, CFBN_ACT_TANH, alpha); break;
+    case CFBN_ACT_SILU: act_grad_loop_ps(t, dy, side, n, half, CFBN_ACT_SILU, alpha); break;
+    default: act_grad_loop_ps(t, dy, side, n, half, CFBN_ACT_NONE, alpha); break;
+    }
+}
+
+static void widen_f32(const void *src, float *dst, int64_t n, int half)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, ld8(src, i, half));
+    if (i < n) st_part(dst, i, ld_part(src, i, n - i, n - i, half), n - i, 0);
+}
+
+static void narrow_f32(const float *src, void *dst, int64_t n, int half)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) st8(dst, i, _mm256_loadu_ps(src + i), half);
+    if (i < n) st_part(dst, i, ld_part(src, i, n - i, n - i, 0), n - i, half);
+}
+
+/* defined at the end: the fused paths call back into the plain kernels */
+static const fuse_ops_f32 ops_f32;
+static const fuse_ops_f64 ops_f64;
+
 /* ---- float32 ---- */
 
 static void stats_run_f32(const float *x, int64_t n, double shift, double *acc)
@@ -656,34 +844,58 @@ static void stats_rows_f32(const float *x, int64_t rows, int64_t w, const double
 
 static void apply_run_f32(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
 {
+    if (fuse_apply_on_f32(p)) {
+        fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 0);
+        return;
+    }
     if (p->stream) apply_run_f32_nt(x, y, n, p);
     else apply_run_ps(x, y, n, p, 0);
 }
 
 static void apply_rows_f32(const float *x, float *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
 {
+    if (fuse_apply_on_f32(p)) {
+        fuse_apply_f32(&ops_f32, x, y, rows, w, 0, p, 0);
+        return;
+    }
     if (p->stream && rows_stream_ok(y, w)) apply_rows_f32_nt(x, y, rows, w, p);
     else apply_rows_ps(x, y, rows, w, p, 0);
 }
 
 static void gstats_run_f32(const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
 {
+    if (fuse_gstats_on_f32(p)) {
+        fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 0);
+        return;
+    }
     gstats_run_ps(dy, x, n, p, acc, 0);
 }
 
 static void gstats_rows_f32(const float *dy, const float *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
 {
+    if (fuse_gstats_on_f32(p)) {
+        fuse_gstats_f32(&ops_f32, dy, x, rows, w, 0, p, acc, 0);
+        return;
+    }
     gstats_rows_ps(dy, x, rows, w, p, acc, 0);
 }
 
 static void gapply_run_f32(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
 {
+    if (fuse_gapply_on_f32(p)) {
+        fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 0);
+        return;
+    }
     if (p->stream) gapply_run_f32_nt(dy, x, dx, n, p);
     else gapply_run_ps(dy, x, dx, n, p, 0);
 }
 
 static void gapply_rows_f32(const float *dy, const float *x, float *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
 {
+    if (fuse_gapply_on_f32(p)) {
+        fuse_gapply_f32(&ops_f32, dy, x, dx, rows, w, 0, p, 0);
+        return;
+    }
     if (p->stream && rows_stream_ok(dx, w)) gapply_rows_f32_nt(dy, x, dx, rows, w, p);
     else gapply_rows_ps(dy, x, dx, rows, w, p, 0);
 }
@@ -702,33 +914,57 @@ static void stats_rows_f16(const uint16_t *x, int64_t rows, int64_t w, const dou
 
 static void apply_run_f16(const uint16_t *x, uint16_t *y, int64_t n, const cfbn_apply_f32 *p)
 {
+    if (fuse_apply_on_f32(p)) {
+        fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 1);
+        return;
+    }
     apply_run_ps(x, y, n, p, 1);
 }
 
 static void apply_rows_f16(const uint16_t *x, uint16_t *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
 {
+    if (fuse_apply_on_f32(p)) {
+        fuse_apply_f32(&ops_f32, x, y, rows, w, 0, p, 1);
+        return;
+    }
     apply_rows_ps(x, y, rows, w, p, 1);
 }
 
 static void gstats_run_f16(const uint16_t *dy, const uint16_t *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
 {
+    if (fuse_gstats_on_f32(p)) {
+        fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 1);
+        return;
+    }
     gstats_run_ps(dy, x, n, p, acc, 1);
 }
 
 static void gstats_rows_f16(const uint16_t *dy, const uint16_t *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
                             double *acc)
 {
+    if (fuse_gstats_on_f32(p)) {
+        fuse_gstats_f32(&ops_f32, dy, x, rows, w, 0, p, acc, 1);
+        return;
+    }
     gstats_rows_ps(dy, x, rows, w, p, acc, 1);
 }
 
 static void gapply_run_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t n, const cfbn_grad_f32 *p)
 {
+    if (fuse_gapply_on_f32(p)) {
+        fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 1);
+        return;
+    }
     gapply_run_ps(dy, x, dx, n, p, 1);
 }
 
 static void gapply_rows_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t rows, int64_t w,
                             const cfbn_grad_f32 *p)
 {
+    if (fuse_gapply_on_f32(p)) {
+        fuse_gapply_f32(&ops_f32, dy, x, dx, rows, w, 0, p, 1);
+        return;
+    }
     gapply_rows_ps(dy, x, dx, rows, w, p, 1);
 }
 
@@ -964,6 +1200,10 @@ static void stats_rows_f64(const double *x, int64_t rows, int64_t w, const doubl
 
 static void apply_run_f64(const double *x, double *y, int64_t n, const cfbn_apply_f64 *p)
 {
+    if (fuse_apply_on_f64(p)) {
+        fuse_apply_f64(&ops_f64, x, y, 1, n, 1, p);
+        return;
+    }
     __m256d m = _mm256_set1_pd(p->mhi[0]), l = _mm256_set1_pd(p->mlo[0]);
     __m256d a = _mm256_set1_pd(p->alpha[0]), b = _mm256_set1_pd(p->beta[0]);
     const __m256d q[8] = {m, l, a, b, m, l, a, b};
@@ -972,6 +1212,10 @@ static void apply_run_f64(const double *x, double *y, int64_t n, const cfbn_appl
 
 static void apply_rows_f64(const double *x, double *y, int64_t rows, int64_t w, const cfbn_apply_f64 *p)
 {
+    if (fuse_apply_on_f64(p)) {
+        fuse_apply_f64(&ops_f64, x, y, rows, w, 0, p);
+        return;
+    }
     if (w <= 0) return;
     if (8 % w == 0) {
         __m256d q[8];
@@ -1004,6 +1248,10 @@ static void apply_rows_f64(const double *x, double *y, int64_t rows, int64_t w, 
 
 static void gstats_run_f64(const double *dy, const double *x, int64_t n, const cfbn_grad_f64 *p, double *acc)
 {
+    if (fuse_gstats_on_f64(p)) {
+        fuse_gstats_f64(&ops_f64, dy, x, 1, n, 1, p, acc);
+        return;
+    }
     __m256d m = _mm256_set1_pd(p->mhi[0]), l = _mm256_set1_pd(p->mlo[0]);
     const __m256d q[4] = {m, l, m, l};
     acc4 a, b;
@@ -1014,6 +1262,10 @@ static void gstats_run_f64(const double *dy, const double *x, int64_t n, const c
 
 static void gstats_rows_f64(const double *dy, const double *x, int64_t rows, int64_t w, const cfbn_grad_f64 *p, double *acc)
 {
+    if (fuse_gstats_on_f64(p)) {
+        fuse_gstats_f64(&ops_f64, dy, x, rows, w, 0, p, acc);
+        return;
+    }
     if (w <= 0) return;
     if (8 % w == 0) {
         __m256d q[4];
@@ -1075,6 +1327,10 @@ static void gstats_rows_f64(const double *dy, const double *x, int64_t rows, int
 
 static void gapply_run_f64(const double *dy, const double *x, double *dx, int64_t n, const cfbn_grad_f64 *p)
 {
+    if (fuse_gapply_on_f64(p)) {
+        fuse_gapply_f64(&ops_f64, dy, x, dx, 1, n, 1, p);
+        return;
+    }
     __m256d m = _mm256_set1_pd(p->mhi[0]), l = _mm256_set1_pd(p->mlo[0]);
     __m256d a = _mm256_set1_pd(p->a[0]), b = _mm256_set1_pd(p->b[0]), c = _mm256_set1_pd(p->c[0]);
     const __m256d q[10] = {m, l, a, b, c, m, l, a, b, c};
@@ -1083,6 +1339,10 @@ static void gapply_run_f64(const double *dy, const double *x, double *dx, int64_
 
 static void gapply_rows_f64(const double *dy, const double *x, double *dx, int64_t rows, int64_t w, const cfbn_grad_f64 *p)
 {
+    if (fuse_gapply_on_f64(p)) {
+        fuse_gapply_f64(&ops_f64, dy, x, dx, rows, w, 0, p);
+        return;
+    }
     if (w <= 0) return;
     if (8 % w == 0) {
         __m256d q[10];
@@ -1116,6 +1376,15 @@ static void gapply_rows_f64(const double *dy, const double *x, double *dx, int64
                                                         tm, tl, ta, tb, tc));
     }
 }
+
+static const fuse_ops_f32 ops_f32 = {
+    apply_run_f32, apply_rows_f32, gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
+    act_f32, act_grad_f32, widen_f32, narrow_f32,
+};
+
+static const fuse_ops_f64 ops_f64 = {
+    apply_run_f64, apply_rows_f64, gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
+};
 
 const cfbn_kernels cfbn_kernels_avx2 = {
     "avx2",

@@ -164,6 +164,8 @@ typedef struct {
     float *f;
     double *d;
     int stream;          /* write outputs with non-temporal stores */
+    int act;             /* fused activation (enum cfbn_activation) and its alpha */
+    double act_alpha;
 } params;
 
 static int params_init(params *pp, int dtype, int64_t len, int k)
@@ -173,6 +175,8 @@ static int params_init(params *pp, int dtype, int64_t len, int k)
     pp->f = NULL;
     pp->d = NULL;
     pp->stream = 0;
+    pp->act = CFBN_ACT_NONE;
+    pp->act_alpha = 0.0;
     size_t count = (size_t)(len > 0 ? len : 1) * (size_t)k;
     if (dtype == CFBN_F64) pp->d = malloc(count * sizeof(double));
     else pp->f = malloc(count * sizeof(float));
@@ -205,8 +209,17 @@ static void params_set_mean(params *pp, int hi, int lo, int64_t i, double mean)
     }
 }
 
+/* The activation the kernels fuse into this call's passes. */
+static void params_set_fusion(params *pp, const cfbn_fusion *fusion)
+{
+    if (!fusion) return;
+    pp->act = fusion->act;
+    pp->act_alpha = fusion->alpha;
+}
+
 enum { P_MHI, P_MLO, P_ALPHA, P_BETA, P_APPLY_COUNT };
-enum { G_MHI, G_MLO, G_A, G_B, G_C, G_COUNT };
+/* G_YA, G_YB: the forward's alpha and beta, to recompute the pre-activation */
+enum { G_MHI, G_MLO, G_A, G_B, G_C, G_YA, G_YB, G_COUNT };
 
 static void call_stats_run(const cfbn_kernels *k, int dt, const void *x, int64_t n, double shift, double *acc)
 {
@@ -225,17 +238,19 @@ static void call_stats_rows(const cfbn_kernels *k, int dt, const void *x, int64_
 
 /* apply over a run (at = channel index) or over rows (at = 0, arrays of w). */
 static void call_apply(const cfbn_kernels *k, const params *pp, int64_t at, const void *x, void *y,
-                       int64_t rows, int64_t w, int is_run)
+                       int64_t rows, int64_t w, int is_run, const void *side)
 {
     int64_t L = pp->len;
     if (pp->d) {
         const double *d = pp->d + at;
-        cfbn_apply_f64 a = { d + P_MHI * L, d + P_MLO * L, d + P_ALPHA * L, d + P_BETA * L, pp->stream };
+        cfbn_apply_f64 a = { d + P_MHI * L, d + P_MLO * L, d + P_ALPHA * L, d + P_BETA * L, pp->stream,
+                             pp->act, pp->act_alpha, side };
         if (is_run) k->apply_run_f64(x, y, rows, &a);
         else k->apply_rows_f64(x, y, rows, w, &a);
     } else {
         const float *f = pp->f + at;
-        cfbn_apply_f32 a = { f + P_MHI * L, f + P_MLO * L, f + P_ALPHA * L, f + P_BETA * L, pp->stream };
+        cfbn_apply_f32 a = { f + P_MHI * L, f + P_MLO * L, f + P_ALPHA * L, f + P_BETA * L, pp->stream,
+                             pp->act, (float)pp->act_alpha, side };
         if (pp->dtype == CFBN_F16) {
             if (is_run) k->apply_run_f16(x, y, rows, &a);
             else k->apply_rows_f16(x, y, rows, w, &a);
@@ -247,17 +262,19 @@ static void call_apply(const cfbn_kernels *k, const params *pp, int64_t at, cons
 }
 
 static void call_gstats(const cfbn_kernels *k, const params *pp, int64_t at, const void *dy, const void *x,
-                        int64_t rows, int64_t w, int is_run, double *acc)
+                        int64_t rows, int64_t w, int is_run, double *acc, const void *side)
 {
     int64_t L = pp->len;
     if (pp->d) {
         const double *d = pp->d + at;
-        cfbn_grad_f64 g = { d + G_MHI * L, d + G_MLO * L, d + G_A * L, d + G_B * L, d + G_C * L, pp->stream };
+        cfbn_grad_f64 g = { d + G_MHI * L, d + G_MLO * L, d + G_A * L, d + G_B * L, d + G_C * L, pp->stream,
+                            pp->act, pp->act_alpha, d + G_YA * L, d + G_YB * L, side, NULL };
         if (is_run) k->gstats_run_f64(dy, x, rows, &g, acc);
         else k->gstats_rows_f64(dy, x, rows, w, &g, acc);
     } else {
         const float *f = pp->f + at;
-        cfbn_grad_f32 g = { f + G_MHI * L, f + G_MLO * L, f + G_A * L, f + G_B * L, f + G_C * L, pp->stream };
+        cfbn_grad_f32 g = { f + G_MHI * L, f + G_MLO * L, f + G_A * L, f + G_B * L, f + G_C * L, pp->stream,
+                            pp->act, (float)pp->act_alpha, f + G_YA * L, f + G_YB * L, side, NULL };
         if (pp->dtype == CFBN_F16) {
             if (is_run) k->gstats_run_f16(dy, x, rows, &g, acc);
             else k->gstats_rows_f16(dy, x, rows, w, &g, acc);
@@ -269,17 +286,19 @@ static void call_gstats(const cfbn_kernels *k, const params *pp, int64_t at, con
 }
 
 static void call_gapply(const cfbn_kernels *k, const params *pp, int64_t at, const void *dy, const void *x,
-                        void *dx, int64_t rows, int64_t w, int is_run)
+                        void *dx, int64_t rows, int64_t w, int is_run, const void *side, void *side_grad)
 {
     int64_t L = pp->len;
     if (pp->d) {
         const double *d = pp->d + at;
-        cfbn_grad_f64 g = { d + G_MHI * L, d + G_MLO * L, d + G_A * L, d + G_B * L, d + G_C * L, pp->stream };
+        cfbn_grad_f64 g = { d + G_MHI * L, d + G_MLO * L, d + G_A * L, d + G_B * L, d + G_C * L, pp->stream,
+                            pp->act, pp->act_alpha, d + G_YA * L, d + G_YB * L, side, side_grad };
         if (is_run) k->gapply_run_f64(dy, x, dx, rows, &g);
         else k->gapply_rows_f64(dy, x, dx, rows, w, &g);
     } else {
         const float *f = pp->f + at;
-        cfbn_grad_f32 g = { f + G_MHI * L, f + G_MLO * L, f + G_A * L, f + G_B * L, f + G_C * L, pp->stream };
+        cfbn_grad_f32 g = { f + G_MHI * L, f + G_MLO * L, f + G_A * L, f + G_B * L, f + G_C * L, pp->stream,
+                            pp->act, (float)pp->act_alpha, f + G_YA * L, f + G_YB * L, side, side_grad };
         if (pp->dtype == CFBN_F16) {
             if (is_run) k->gapply_run_f16(dy, x, dx, rows, &g);
             else k->gapply_rows_f16(dy, x, dx, rows, w, &g);
@@ -303,6 +322,8 @@ typedef struct {
     const void *a;      /* x (stats, apply) or dy (gradient passes) */
     const void *b;      /* x for gradient passes */
     void *out;          /* y or dx */
+    const void *side;   /* fused side input, or NULL */
+    void *side_grad;    /* gradient apply: dy * act'(pre), or NULL */
 } pass;
 
 static const void *at_elem(const void *base, int dtype, int64_t i)
@@ -331,16 +352,19 @@ static void first_piece(const pass *ps, const double *shift, int64_t c, int64_t 
             acc[1] += part[1];
             break;
         case PASS_APPLY:
-            call_apply(ps->k, ps->pp, c, at_elem(ps->a, dt, off), (void *)at_elem(ps->out, dt, off), len, 1, 1);
+            call_apply(ps->k, ps->pp, c, at_elem(ps->a, dt, off), (void *)at_elem(ps->out, dt, off), len, 1, 1,
+                       at_elem(ps->side, dt, off));
             break;
         case PASS_GSTATS:
-            call_gstats(ps->k, ps->pp, c, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off), len, 1, 1, part);
+            call_gstats(ps->k, ps->pp, c, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off), len, 1, 1, part,
+                        at_elem(ps->side, dt, off));
             acc[0] += part[0];
             acc[1] += part[1];
             break;
         case PASS_GAPPLY:
             call_gapply(ps->k, ps->pp, c, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off),
-                        (void *)at_elem(ps->out, dt, off), len, 1, 1);
+                        (void *)at_elem(ps->out, dt, off), len, 1, 1, at_elem(ps->side, dt, off),
+                        (void *)at_elem(ps->side_grad, dt, off));
             break;
         }
         pos += len;
@@ -368,14 +392,17 @@ static void last_piece(const pass *ps, const double *shift, int64_t q, double *a
         call_stats_rows(ps->k, dt, at_elem(ps->a, dt, off), nrows, w, shift, acc);
         break;
     case PASS_APPLY:
-        call_apply(ps->k, ps->pp, 0, at_elem(ps->a, dt, off), (void *)at_elem(ps->out, dt, off), nrows, w, 0);
+        call_apply(ps->k, ps->pp, 0, at_elem(ps->a, dt, off), (void *)at_elem(ps->out, dt, off), nrows, w, 0,
+                   at_elem(ps->side, dt, off));
         break;
     case PASS_GSTATS:
-        call_gstats(ps->k, ps->pp, 0, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off), nrows, w, 0, acc);
+        call_gstats(ps->k, ps->pp, 0, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off), nrows, w, 0, acc,
+                    at_elem(ps->side, dt, off));
         break;
     case PASS_GAPPLY:
         call_gapply(ps->k, ps->pp, 0, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off),
-                    (void *)at_elem(ps->out, dt, off), nrows, w, 0);
+                    (void *)at_elem(ps->out, dt, off), nrows, w, 0, at_elem(ps->side, dt, off),
+                    (void *)at_elem(ps->side_grad, dt, off));
         break;
     }
 }
@@ -482,6 +509,14 @@ static void tile_params(params *pp, int count, int64_t C)
     for (int k = 0; k < count; k++) {
         repeat_block(base + (size_t)(k * pp->len) * esize, esize, C, pp->len);
     }
+}
+
+static void tile_param(params *pp, int which, int64_t C)
+{
+    if (C == 0) return;
+    size_t esize = pp->d ? sizeof(double) : sizeof(float);
+    char *base = pp->d ? (char *)pp->d : (char *)pp->f;
+    repeat_block(base + (size_t)(which * pp->len) * esize, esize, C, pp->len);
 }
 
 static int64_t param_len(const plan *p, int layout)
@@ -602,7 +637,7 @@ int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
                           const void *mean, const void *variance,
                           double epsilon, double factor,
                           void *y, void *batch_mean, void *batch_variance,
-                          void *saved_mean, void *saved_variance)
+                          void *saved_mean, void *saved_variance, const cfbn_fusion *fusion)
 {
     plan p;
     make_plan(s, &p);
@@ -612,12 +647,13 @@ int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
     params pp;
     if (params_init(&pp, s->dtype, param_len(&p, s->layout), P_APPLY_COUNT) < 0) return -1;
     pp.stream = stream_output(s);
+    params_set_fusion(&pp, fusion);
     double *shift = make_shift(&p, s, x);
     double *sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
     int rc = -1;
     if (!shift || !sums) goto done;
-    pass st = { k, &p, &pp, PASS_STATS, x, NULL, NULL };
-    pass ap = { k, &p, &pp, PASS_APPLY, x, NULL, y };
+    pass st = { k, &p, &pp, PASS_STATS, x, NULL, NULL, NULL, NULL };
+    pass ap = { k, &p, &pp, PASS_APPLY, x, NULL, y, fusion ? fusion->side : NULL, NULL };
 
     if (s->layout == CFBN_CHANNELS_FIRST && p.G == 1) {
         /* One task per channel: its statistics, then its normalization while
@@ -642,19 +678,20 @@ done:
  * variance are stored: CFBN_F64 for double, else as the tensor's vectors. */
 static int apply_with_stats(const cfbn_kernels *k, const cfbn_shape *s, const void *x, const void *scale,
                             const void *offset, const void *mean, const void *variance, int stats_dt,
-                            double epsilon, void *y)
+                            double epsilon, void *y, const cfbn_fusion *fusion)
 {
     plan p;
     make_plan(s, &p);
     params pp;
     if (params_init(&pp, s->dtype, param_len(&p, s->layout), P_APPLY_COUNT) < 0) return -1;
     pp.stream = stream_output(s);
+    params_set_fusion(&pp, fusion);
     for (int64_t c = 0; c < p.C; c++) {
         set_apply_params(&pp, c, vec_get(mean, stats_dt, c), vec_get(variance, stats_dt, c),
                          vec_get(scale, s->dtype, c), vec_get(offset, s->dtype, c), epsilon);
     }
     if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, P_APPLY_COUNT, p.C);
-    pass ap = { k, &p, &pp, PASS_APPLY, x, NULL, y };
+    pass ap = { k, &p, &pp, PASS_APPLY, x, NULL, y, fusion ? fusion->side : NULL, NULL };
     int rc = run_pass(&ap, NULL, thread_count(s), NULL);
     params_free(&pp);
     return rc;
@@ -664,10 +701,10 @@ int cfbn_forward_inference(const cfbn_kernels *k, const cfbn_shape *s,
                            const void *x, const void *scale, const void *offset,
                            const void *mean, const void *variance, double epsilon,
                            void *y, void *batch_mean, void *batch_variance,
-                           void *saved_mean, void *saved_variance)
+                           void *saved_mean, void *saved_variance, const cfbn_fusion *fusion)
 {
     int dt = s->dtype;
-    int rc = apply_with_stats(k, s, x, scale, offset, mean, variance, dt, epsilon, y);
+    int rc = apply_with_stats(k, s, x, scale, offset, mean, variance, dt, epsilon, y, fusion);
     /* after the pass: an output may be the array mean or variance came in */
     for (int64_t c = 0; rc == 0 && c < s->channels; c++) {
         double mu = vec_get(mean, dt, c), var = vec_get(variance, dt, c);
@@ -689,7 +726,7 @@ int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x, d
     double *sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
     int rc = -1;
     if (shift && sums) {
-        pass st = { k, &p, &pp, PASS_STATS, x, NULL, NULL };
+        pass st = { k, &p, &pp, PASS_STATS, x, NULL, NULL, NULL, NULL };
         rc = run_pass(&st, shift, thread_count(s), sums);
         for (int64_t c = 0; rc == 0 && c < p.C; c++)
             channel_moments(p.n, shift[c], sums[2 * c], sums[2 * c + 1], &mean[c], &m2[c]);
@@ -703,7 +740,7 @@ int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x, d
 int cfbn_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *x, const void *scale,
                const void *offset, const double *mean, const double *variance, double epsilon, void *y)
 {
-    return apply_with_stats(k, s, x, scale, offset, mean, variance, CFBN_F64, epsilon, y);
+    return apply_with_stats(k, s, x, scale, offset, mean, variance, CFBN_F64, epsilon, y, NULL);
 }
 
 /* ---- gradient ---- */
@@ -754,7 +791,7 @@ static void fused_backward_task(void *ctx, int64_t c)
 /* The gradient: its sums (always) and dx (when dx is not NULL).  With
  * a->stats_dt == CFBN_F64 the sums are written as double. */
 static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_args *a,
-                        const void *dy, const void *x, void *dx)
+                        const void *dy, const void *x, void *dx, const cfbn_fusion *fusion)
 {
     plan p;
     make_plan(s, &p);
@@ -772,9 +809,25 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
     if (!sums) goto done;
     for (int64_t c = 0; c < p.C; c++)
         params_set_mean(&pp, G_MHI, G_MLO, c, vec_get(a->saved_mean, a->stats_dt, c));
+    /* A fused activation is differentiated at the forward's pre-activation,
+     * recomputed with the forward's own per-channel alpha and beta. */
+    int fused = fusion && (fusion->act != CFBN_ACT_NONE || fusion->side_grad);
+    params_set_fusion(&pp, fusion);
+    if (fusion && fusion->act != CFBN_ACT_NONE) {
+        for (int64_t c = 0; c < p.C; c++) {
+            double gamma = a->scale ? vec_get(a->scale, s->dtype, c) : 1.0;
+            params_set(&pp, G_YA, c, gamma * inv_std(a, c));
+            params_set(&pp, G_YB, c, fusion->offset ? vec_get(fusion->offset, s->dtype, c) : 0.0);
+        }
+        if (s->layout == CFBN_CHANNELS_LAST) {
+            tile_param(&pp, G_YA, p.C);
+            tile_param(&pp, G_YB, p.C);
+        }
+    }
 
-    pass gs = { k, &p, &pp, PASS_GSTATS, dy, x, NULL };
-    pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx };
+    const void *side = fusion ? fusion->side : NULL;
+    pass gs = { k, &p, &pp, PASS_GSTATS, dy, x, NULL, side, NULL };
+    pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx, side, fusion ? fusion->side_grad : NULL };
     if (dx && a->training && s->layout == CFBN_CHANNELS_FIRST && p.G == 1) {
         /* One task per channel: sums, then dx while dy and x are in cache. */
         fused_bwd ctx = { &gs, &ga, a, &pp };
@@ -787,7 +840,8 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
     for (int64_t c = 0; c < p.C; c++) backward_channel(&p, a, &pp, c, sums[2 * c], sums[2 * c + 1]);
     if (!dx) {
         rc = 0;
-    } else if (a->training) {
+    } else if (a->training || fused) {
+        /* (inference with an activation: b = c = 0, dx = scale * r * g) */
         if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, G_COUNT, p.C);
         rc = run_pass(&ga, NULL, nt, NULL);
     } else {
@@ -800,7 +854,7 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
             params_set(&ip, P_BETA, c, 0.0);
         }
         if (s->layout == CFBN_CHANNELS_LAST) tile_params(&ip, P_APPLY_COUNT, p.C);
-        pass ap = { k, &p, &ip, PASS_APPLY, dy, NULL, dx };
+        pass ap = { k, &p, &ip, PASS_APPLY, dy, NULL, dx, NULL, NULL };
         rc = run_pass(&ap, NULL, nt, NULL);
     }
 done:
@@ -813,11 +867,11 @@ done:
 int cfbn_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
                   const void *dy, const void *x, const void *scale,
                   const void *saved_mean, const void *saved_variance, double epsilon,
-                  void *dx, void *scale_backprop, void *offset_backprop)
+                  void *dx, void *scale_backprop, void *offset_backprop, const cfbn_fusion *fusion)
 {
     bwd_args a = { training, scale, saved_mean, saved_variance, s->dtype, epsilon,
                    scale_backprop, offset_backprop };
-    return backward_run(k, s, &a, dy, x, dx);
+    return backward_run(k, s, &a, dy, x, dx, fusion);
 }
 
 int cfbn_grad_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, const void *x,
@@ -825,7 +879,7 @@ int cfbn_grad_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void 
                          double *sum_dy, double *sum_dy_xhat)
 {
     bwd_args a = { 1, NULL, mean, variance, CFBN_F64, epsilon, sum_dy_xhat, sum_dy };
-    return backward_run(k, s, &a, dy, x, NULL);
+    return backward_run(k, s, &a, dy, x, NULL, NULL);
 }
 
 int cfbn_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, const void *x,
@@ -843,7 +897,7 @@ int cfbn_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, 
         set_grad_params(&pp, c, 1, count, vec_get(scale, s->dtype, c), r, sum_dy[c], sum_dy_xhat[c]);
     }
     if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, G_COUNT, p.C);
-    pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx };
+    pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx, NULL, NULL };
     int rc = run_pass(&ga, NULL, thread_count(s), NULL);
     params_free(&pp);
     return rc;

@@ -6,13 +6,19 @@
  * folds away); f64 has its own.  Rows kernels whose width divides the stream
  * period (8 floats, 4 doubles) run as one flat stream with per-lane
  * parameters, because then every lane always sees the same column; other
- * widths go row by row with a partial block at the end of each row. */
+ * widths go row by row with a partial block at the end of each row.
+ *
+ * Fused activations (bn_fuse.h drives the blocks): relu, relu6 and leaky relu
+ * by max/min/select; elu, sigmoid, tanh and silu through exp_s, a Cephes-style
+ * expf; float64 tensors use bn_act.h's libm formulas. */
 #include "cfbn.h"
 
 #if defined(__aarch64__)
 
 #include <arm_neon.h>
 #include <string.h>
+
+#include "bn_fuse.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -525,6 +531,184 @@ INLINE void gapply_rows_s(const void *dy, const void *x, void *dx, int64_t rows,
     }
 }
 
+/* ---- fused activations (f32 and f16 tensors) ----
+ * exp as in Cephes' expf: e^x = 2^k e^r with k = round(x / ln 2), r = x - k ln 2
+ * formed in two FMA steps (ln 2 = C1 + C2, C1 with few bits so k * C1 is
+ * exact), e^r by a degree-6 polynomial on |r| <= ln 2 / 2, 2^k put into the
+ * exponent bits.  About 1 ulp on the clamped range; the clamp keeps 2^k a
+ * normal number (k in [-126, 127]); outside it the activations below are
+ * flat to float precision anyway.  FMAX/FMIN return NaN for a NaN operand. */
+INLINE float32x4_t exp_s(float32x4_t x)
+{
+    x = vmaxq_f32(vdupq_n_f32(-87.33654f), vminq_f32(vdupq_n_f32(88.0f), x));
+    float32x4_t k = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
+    float32x4_t r = vfmsq_f32(x, k, vdupq_n_f32(0.693359375f));
+    r = vfmsq_f32(r, k, vdupq_n_f32(-2.12194440e-4f));
+    float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+    p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(k), vdupq_n_s32(127)), 23);
+    return vmulq_f32(p, vreinterpretq_f32_s32(e));
+}
+
+INLINE float32x4_t sigmoid_s(float32x4_t v)
+{
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    return vdivq_f32(one, vaddq_f32(one, exp_s(vnegq_f32(v))));
+}
+
+/* tanh: for |v| < 0.625 Cephes' odd polynomial v + v^3 P(v^2), because
+ * 1 - 2/(e^2|v| + 1) loses relative precision as |v| -> 0; above, that
+ * formula, whose error is then a couple of ulps of the result. */
+INLINE float32x4_t tanh_s(float32x4_t v)
+{
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    float32x4_t a = vabsq_f32(v);
+    float32x4_t z = vmulq_f32(v, v);
+    float32x4_t p = vdupq_n_f32(-5.70498872745e-3f);
+    p = vfmaq_f32(vdupq_n_f32(2.06390887954e-2f), p, z);
+    p = vfmaq_f32(vdupq_n_f32(-5.37397155531e-2f), p, z);
+    p = vfmaq_f32(vdupq_n_f32(1.33314422036e-1f), p, z);
+    p = vfmaq_f32(vdupq_n_f32(-3.33332819422e-1f), p, z);
+    float32x4_t small = vfmaq_f32(v, vmulq_f32(p, z), v);
+    float32x4_t e = exp_s(vaddq_f32(a, a));
+    float32x4_t big = vsubq_f32(one, vdivq_f32(vdupq_n_f32(2.0f), vaddq_f32(e, one)));
+    /* copy v's sign onto big (big >= 0 or NaN) */
+    big = vbslq_f32(vdupq_n_u32(0x80000000u), v, big);
+    return vbslq_f32(vcltq_f32(a, vdupq_n_f32(0.625f)), small, big);
+}
+
+INLINE float32x4_t act_s(float32x4_t v, int kind, float32x4_t al)
+{
+    const float32x4_t zero = vdupq_n_f32(0.0f), one = vdupq_n_f32(1.0f);
+    switch (kind) {
+    case CFBN_ACT_RELU: return vmaxq_f32(v, zero);
+    case CFBN_ACT_RELU6: return vminq_f32(vmaxq_f32(v, zero), vdupq_n_f32(6.0f));
+    case CFBN_ACT_LEAKY_RELU: return vbslq_f32(vcltq_f32(v, zero), vmulq_f32(al, v), v);
+    case CFBN_ACT_ELU: return vbslq_f32(vcltq_f32(v, zero), vmulq_f32(al, vsubq_f32(exp_s(v), one)), v);
+    case CFBN_ACT_SIGMOID: return sigmoid_s(v);
+    case CFBN_ACT_TANH: return tanh_s(v);
+    case CFBN_ACT_SILU: return vdivq_f32(v, vaddq_f32(one, exp_s(vnegq_f32(v))));
+    default: return v;
+    }
+}
+
+/* d act / d v; a NaN v gives NaN (lanes where v != v are set to v) */
+INLINE float32x4_t act_grad_s(float32x4_t v, int kind, float32x4_t al)
+{
+    const float32x4_t zero = vdupq_n_f32(0.0f), one = vdupq_n_f32(1.0f);
+    uint32x4_t num = vceqq_f32(v, v);
+    uint32x4_t pos = vcgtq_f32(v, zero);
+    switch (kind) {
+    case CFBN_ACT_RELU: return vbslq_f32(num, vbslq_f32(pos, one, zero), v);
+    case CFBN_ACT_RELU6: {
+        uint32x4_t in = vandq_u32(pos, vcltq_f32(v, vdupq_n_f32(6.0f)));
+        return vbslq_f32(num, vbslq_f32(in, one, zero), v);
+    }
+    case CFBN_ACT_LEAKY_RELU: return vbslq_f32(num, vbslq_f32(pos, one, al), v);
+    case CFBN_ACT_ELU: return vbslq_f32(pos, one, vmulq_f32(al, exp_s(v)));
+    case CFBN_ACT_SIGMOID: {
+        float32x4_t s = sigmoid_s(v);
+        return vmulq_f32(s, vsubq_f32(one, s));
+    }
+    case CFBN_ACT_TANH: {
+        float32x4_t t = tanh_s(v);
+        return vfmsq_f32(one, t, t);
+    }
+    case CFBN_ACT_SILU: {
+        float32x4_t s = sigmoid_s(v);
+        return vmulq_f32(s, vfmaq_f32(one, v, vsubq_f32(one, s)));
+    }
+    default: return one;
+    }
+}
+
+INLINE void act_loop_s(const float *t, const void *side, void *out, int64_t n, int half, int kind, float alpha)
+{
+    float32x4_t al = vdupq_n_f32(alpha);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t v = vld1q_f32(t + i);
+        if (side) v = vaddq_f32(v, ld4(side, i, half));
+        st4(out, i, act_s(v, kind, al), half);
+    }
+    if (i < n) {
+        int64_t cnt = n - i;
+        float32x4_t v = ld_part(t, i, cnt, cnt, 0);
+        if (side) v = vaddq_f32(v, ld_part(side, i, cnt, cnt, half));
+        st_part(out, i, act_s(v, kind, al), cnt, half);
+    }
+}
+
+INLINE void act_grad_loop_s(float *t, const void *dy, const void *side, int64_t n, int half, int kind, float alpha)
+{
+    float32x4_t al = vdupq_n_f32(alpha);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t v = vld1q_f32(t + i);
+        if (side) v = vaddq_f32(v, ld4(side, i, half));
+        vst1q_f32(t + i, vmulq_f32(ld4(dy, i, half), act_grad_s(v, kind, al)));
+    }
+    if (i < n) {
+        int64_t cnt = n - i;
+        float32x4_t v = ld_part(t, i, cnt, cnt, 0);
+        if (side) v = vaddq_f32(v, ld_part(side, i, cnt, cnt, half));
+        st_part(t, i, vmulq_f32(ld_part(dy, i, cnt, cnt, half), act_grad_s(v, kind, al)), cnt, 0);
+    }
+}
+
+/* One loop per activation, so the choice is made once per block rather than
+ * per vector. */
+static void act_f32(const float *t, const void *side, void *out, int64_t n, int half, int kind, float alpha)
+{
+    switch (kind) {
+    case CFBN_ACT_RELU: act_loop_s(t, side, out, n, half, CFBN_ACT_RELU, alpha); break;
+    case CFBN_ACT_RELU6: act_loop_s(t, side, out, n, half, CFBN_ACT_RELU6, alpha); break;
+    case CFBN_ACT_LEAKY_RELU: act_loop_s(t, side, out, n, half, CFBN_ACT_LEAKY_RELU, alpha); break;
+    case CFBN_ACT_ELU: act_loop_s(t, side, out, n, half, CFBN_ACT_ELU, alpha); break;
+    case CFBN_ACT_SIGMOID: act_loop_s(t, side, out, n, half, CFBN_ACT_SIGMOID, alpha); break;
+    case CFBN_ACT_TANH: act_loop_s(t, side, out, n, half, CFBN_ACT_TANH, alpha); break;
+    case CFBN_ACT_SILU: act_loop_s(t, side, out, n, half, CFBN_ACT_SILU, alpha); break;
+    default: act_loop_s(t, side, out, n, half, CFBN_ACT_NONE, alpha); break;
+    }
+}
+
+static void act_grad_f32(float *t, const void *dy, const void *side, int64_t n, int half, int kind, float alpha)
+{
+    switch (kind) {
+    case CFBN_ACT_RELU: act_grad_loop_s(t, dy, side, n, half, CFBN_ACT_RELU, alpha); break;
+    case CFBN_ACT_RELU6: act_grad_loop_s(t, dy, side, n, half, CFBN_ACT_RELU6, alpha); break;
+    case CFBN_ACT_LEAKY_RELU: act_grad_loop_s(t, dy, side, n, half, CFBN_ACT_LEAKY_RELU, alpha); break;
+    case CFBN_ACT_ELU: act_grad_loop_s(t, dy, side, n, half, CFBN_ACT_ELU, alpha); break;
+    case CFBN_ACT_SIGMOID: act_grad_loop_s(t, dy, side, n, half, CFBN_ACT_SIGMOID, alpha); break;
+    case CFBN_ACT_TANH: act_grad_loop_s(t, dy, side, n, half, CFBN_ACT_TANH, alpha); break;
+    case CFBN_ACT_SILU: act_grad_loop_s(t, dy, side, n, half, CFBN_ACT_SILU, alpha); break;
+    default: act_grad_loop_s(t, dy, side, n, half, CFBN_ACT_NONE, alpha); break;
+    }
+}
+
+static void widen_f32(const void *src, float *dst, int64_t n, int half)
+{
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, ld4(src, i, half));
+    if (i < n) st_part(dst, i, ld_part(src, i, n - i, n - i, half), n - i, 0);
+}
+
+static void narrow_f32(const float *src, void *dst, int64_t n, int half)
+{
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) st4(dst, i, vld1q_f32(src + i), half);
+    if (i < n) st_part(dst, i, ld_part(src, i, n - i, n - i, 0), n - i, half);
+}
+
+/* defined at the end: the fused paths call back into the plain kernels */
+static const fuse_ops_f32 ops_f32;
+static const fuse_ops_f64 ops_f64;
+
 /* ---- float32 ---- */
 
 static void stats_run_f32(const float *x, int64_t n, double shift, double *acc)
@@ -539,31 +723,55 @@ static void stats_rows_f32(const float *x, int64_t rows, int64_t w, const double
 
 static void apply_run_f32(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
 {
+    if (fuse_apply_on_f32(p)) {
+        fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 0);
+        return;
+    }
     apply_run_s(x, y, n, p, 0);
 }
 
 static void apply_rows_f32(const float *x, float *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
 {
+    if (fuse_apply_on_f32(p)) {
+        fuse_apply_f32(&ops_f32, x, y, rows, w, 0, p, 0);
+        return;
+    }
     apply_rows_s(x, y, rows, w, p, 0);
 }
 
 static void gstats_run_f32(const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
 {
+    if (fuse_gstats_on_f32(p)) {
+        fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 0);
+        return;
+    }
     gstats_run_s(dy, x, n, p, acc, 0);
 }
 
 static void gstats_rows_f32(const float *dy, const float *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
 {
+    if (fuse_gstats_on_f32(p)) {
+        fuse_gstats_f32(&ops_f32, dy, x, rows, w, 0, p, acc, 0);
+        return;
+    }
     gstats_rows_s(dy, x, rows, w, p, acc, 0);
 }
 
 static void gapply_run_f32(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
 {
+    if (fuse_gapply_on_f32(p)) {
+        fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 0);
+        return;
+    }
     gapply_run_s(dy, x, dx, n, p, 0);
 }
 
 static void gapply_rows_f32(const float *dy, const float *x, float *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
 {
+    if (fuse_gapply_on_f32(p)) {
+        fuse_gapply_f32(&ops_f32, dy, x, dx, rows, w, 0, p, 0);
+        return;
+    }
     gapply_rows_s(dy, x, dx, rows, w, p, 0);
 }
 
@@ -581,33 +789,57 @@ static void stats_rows_f16(const uint16_t *x, int64_t rows, int64_t w, const dou
 
 static void apply_run_f16(const uint16_t *x, uint16_t *y, int64_t n, const cfbn_apply_f32 *p)
 {
+    if (fuse_apply_on_f32(p)) {
+        fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 1);
+        return;
+    }
     apply_run_s(x, y, n, p, 1);
 }
 
 static void apply_rows_f16(const uint16_t *x, uint16_t *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
 {
+    if (fuse_apply_on_f32(p)) {
+        fuse_apply_f32(&ops_f32, x, y, rows, w, 0, p, 1);
+        return;
+    }
     apply_rows_s(x, y, rows, w, p, 1);
 }
 
 static void gstats_run_f16(const uint16_t *dy, const uint16_t *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
 {
+    if (fuse_gstats_on_f32(p)) {
+        fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 1);
+        return;
+    }
     gstats_run_s(dy, x, n, p, acc, 1);
 }
 
 static void gstats_rows_f16(const uint16_t *dy, const uint16_t *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
                             double *acc)
 {
+    if (fuse_gstats_on_f32(p)) {
+        fuse_gstats_f32(&ops_f32, dy, x, rows, w, 0, p, acc, 1);
+        return;
+    }
     gstats_rows_s(dy, x, rows, w, p, acc, 1);
 }
 
 static void gapply_run_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t n, const cfbn_grad_f32 *p)
 {
+    if (fuse_gapply_on_f32(p)) {
+        fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 1);
+        return;
+    }
     gapply_run_s(dy, x, dx, n, p, 1);
 }
 
 static void gapply_rows_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t rows, int64_t w,
                             const cfbn_grad_f32 *p)
 {
+    if (fuse_gapply_on_f32(p)) {
+        fuse_gapply_f32(&ops_f32, dy, x, dx, rows, w, 0, p, 1);
+        return;
+    }
     gapply_rows_s(dy, x, dx, rows, w, p, 1);
 }
 
@@ -828,6 +1060,10 @@ static void stats_rows_f64(const double *x, int64_t rows, int64_t w, const doubl
 
 static void apply_run_f64(const double *x, double *y, int64_t n, const cfbn_apply_f64 *p)
 {
+    if (fuse_apply_on_f64(p)) {
+        fuse_apply_f64(&ops_f64, x, y, 1, n, 1, p);
+        return;
+    }
     float64x2_t m = vdupq_n_f64(p->mhi[0]), l = vdupq_n_f64(p->mlo[0]);
     float64x2_t a = vdupq_n_f64(p->alpha[0]), b = vdupq_n_f64(p->beta[0]);
     const float64x2_t q[8] = {m, l, a, b, m, l, a, b};
@@ -836,6 +1072,10 @@ static void apply_run_f64(const double *x, double *y, int64_t n, const cfbn_appl
 
 static void apply_rows_f64(const double *x, double *y, int64_t rows, int64_t w, const cfbn_apply_f64 *p)
 {
+    if (fuse_apply_on_f64(p)) {
+        fuse_apply_f64(&ops_f64, x, y, rows, w, 0, p);
+        return;
+    }
     if (w <= 0) return;
     if (4 % w == 0) {
         float64x2_t q[8];
@@ -866,6 +1106,10 @@ static void apply_rows_f64(const double *x, double *y, int64_t rows, int64_t w, 
 
 static void gstats_run_f64(const double *dy, const double *x, int64_t n, const cfbn_grad_f64 *p, double *acc)
 {
+    if (fuse_gstats_on_f64(p)) {
+        fuse_gstats_f64(&ops_f64, dy, x, 1, n, 1, p, acc);
+        return;
+    }
     float64x2_t m = vdupq_n_f64(p->mhi[0]), l = vdupq_n_f64(p->mlo[0]);
     const float64x2_t q[4] = {m, l, m, l};
     acc2 a, b;
@@ -877,6 +1121,10 @@ static void gstats_run_f64(const double *dy, const double *x, int64_t n, const c
 
 static void gstats_rows_f64(const double *dy, const double *x, int64_t rows, int64_t w, const cfbn_grad_f64 *p, double *acc)
 {
+    if (fuse_gstats_on_f64(p)) {
+        fuse_gstats_f64(&ops_f64, dy, x, rows, w, 0, p, acc);
+        return;
+    }
     if (w <= 0) return;
     if (4 % w == 0) {
         float64x2_t q[4];
@@ -935,6 +1183,10 @@ static void gstats_rows_f64(const double *dy, const double *x, int64_t rows, int
 
 static void gapply_run_f64(const double *dy, const double *x, double *dx, int64_t n, const cfbn_grad_f64 *p)
 {
+    if (fuse_gapply_on_f64(p)) {
+        fuse_gapply_f64(&ops_f64, dy, x, dx, 1, n, 1, p);
+        return;
+    }
     float64x2_t m = vdupq_n_f64(p->mhi[0]), l = vdupq_n_f64(p->mlo[0]);
     float64x2_t a = vdupq_n_f64(p->a[0]), b = vdupq_n_f64(p->b[0]), c = vdupq_n_f64(p->c[0]);
     const float64x2_t q[10] = {m, l, a, b, c, m, l, a, b, c};
@@ -943,6 +1195,10 @@ static void gapply_run_f64(const double *dy, const double *x, double *dx, int64_
 
 static void gapply_rows_f64(const double *dy, const double *x, double *dx, int64_t rows, int64_t w, const cfbn_grad_f64 *p)
 {
+    if (fuse_gapply_on_f64(p)) {
+        fuse_gapply_f64(&ops_f64, dy, x, dx, rows, w, 0, p);
+        return;
+    }
     if (w <= 0) return;
     if (4 % w == 0) {
         float64x2_t q[10];
@@ -972,6 +1228,15 @@ static void gapply_rows_f64(const double *dy, const double *x, double *dx, int64
         if (cnt) o[full] = vgetq_lane_f64(gapply_d(ld1_d(gr + full), ld1_d(xr + full), tm, tl, ta, tb, tc), 0);
     }
 }
+
+static const fuse_ops_f32 ops_f32 = {
+    apply_run_f32, apply_rows_f32, gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
+    act_f32, act_grad_f32, widen_f32, narrow_f32,
+};
+
+static const fuse_ops_f64 ops_f64 = {
+    apply_run_f64, apply_rows_f64, gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
+};
 
 const cfbn_kernels cfbn_kernels_neon = {
     "neon",

@@ -1,7 +1,14 @@
 /* Portable reference kernels: plain C, one element at a time.  Every SIMD
- * table is tested against these.  Baseline flags only. */
+ * table is tested against these.  Baseline flags only.  A fused activation
+ * or side input runs through bn_fuse.h's blocks with bn_act.h's libm
+ * formulas. */
+#include "bn_fuse.h"
 #include "cfbn.h"
 #include "half.h"
+
+/* defined at the end: the fused paths call back into the plain kernels */
+static const fuse_ops_f32 ops_f32;
+static const fuse_ops_f64 ops_f64;
 
 /* ---- float32 ---- */
 
@@ -32,12 +39,20 @@ static void stats_rows_f32(const float *x, int64_t rows, int64_t w, const double
 
 static void apply_run_f32(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
 {
+    if (fuse_apply_on_f32(p)) {
+        fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 0);
+        return;
+    }
     const float mhi = p->mhi[0], mlo = p->mlo[0], a = p->alpha[0], b = p->beta[0];
     for (int64_t i = 0; i < n; i++) y[i] = ((x[i] - mhi) - mlo) * a + b;
 }
 
 static void apply_rows_f32(const float *x, float *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
 {
+    if (fuse_apply_on_f32(p)) {
+        fuse_apply_f32(&ops_f32, x, y, rows, w, 0, p, 0);
+        return;
+    }
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * w;
         float *yr = y + r * w;
@@ -47,6 +62,10 @@ static void apply_rows_f32(const float *x, float *y, int64_t rows, int64_t w, co
 
 static void gstats_run_f32(const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
 {
+    if (fuse_gstats_on_f32(p)) {
+        fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 0);
+        return;
+    }
     const float mhi = p->mhi[0], mlo = p->mlo[0];
     double s1 = 0.0, s2 = 0.0;
     for (int64_t i = 0; i < n; i++) {
@@ -60,6 +79,10 @@ static void gstats_run_f32(const float *dy, const float *x, int64_t n, const cfb
 
 static void gstats_rows_f32(const float *dy, const float *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
 {
+    if (fuse_gstats_on_f32(p)) {
+        fuse_gstats_f32(&ops_f32, dy, x, rows, w, 0, p, acc, 0);
+        return;
+    }
     for (int64_t j = 0; j < 2 * w; j++) acc[j] = 0.0;
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * w, *dr = dy + r * w;
@@ -73,12 +96,20 @@ static void gstats_rows_f32(const float *dy, const float *x, int64_t rows, int64
 
 static void gapply_run_f32(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
 {
+    if (fuse_gapply_on_f32(p)) {
+        fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 0);
+        return;
+    }
     const float mhi = p->mhi[0], mlo = p->mlo[0], a = p->a[0], b = p->b[0], c = p->c[0];
     for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * a + (((x[i] - mhi) - mlo) * b + c);
 }
 
 static void gapply_rows_f32(const float *dy, const float *x, float *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
 {
+    if (fuse_gapply_on_f32(p)) {
+        fuse_gapply_f32(&ops_f32, dy, x, dx, rows, w, 0, p, 0);
+        return;
+    }
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * w, *dr = dy + r * w;
         float *o = dx + r * w;
@@ -116,12 +147,20 @@ static void stats_rows_f64(const double *x, int64_t rows, int64_t w, const doubl
 
 static void apply_run_f64(const double *x, double *y, int64_t n, const cfbn_apply_f64 *p)
 {
+    if (fuse_apply_on_f64(p)) {
+        fuse_apply_f64(&ops_f64, x, y, 1, n, 1, p);
+        return;
+    }
     const double mhi = p->mhi[0], mlo = p->mlo[0], a = p->alpha[0], b = p->beta[0];
     for (int64_t i = 0; i < n; i++) y[i] = ((x[i] - mhi) - mlo) * a + b;
 }
 
 static void apply_rows_f64(const double *x, double *y, int64_t rows, int64_t w, const cfbn_apply_f64 *p)
 {
+    if (fuse_apply_on_f64(p)) {
+        fuse_apply_f64(&ops_f64, x, y, rows, w, 0, p);
+        return;
+    }
     for (int64_t r = 0; r < rows; r++) {
         const double *xr = x + r * w;
         double *yr = y + r * w;
@@ -131,6 +170,10 @@ static void apply_rows_f64(const double *x, double *y, int64_t rows, int64_t w, 
 
 static void gstats_run_f64(const double *dy, const double *x, int64_t n, const cfbn_grad_f64 *p, double *acc)
 {
+    if (fuse_gstats_on_f64(p)) {
+        fuse_gstats_f64(&ops_f64, dy, x, 1, n, 1, p, acc);
+        return;
+    }
     const double mhi = p->mhi[0], mlo = p->mlo[0];
     double s1 = 0.0, s2 = 0.0;
     for (int64_t i = 0; i < n; i++) {
@@ -143,6 +186,10 @@ static void gstats_run_f64(const double *dy, const double *x, int64_t n, const c
 
 static void gstats_rows_f64(const double *dy, const double *x, int64_t rows, int64_t w, const cfbn_grad_f64 *p, double *acc)
 {
+    if (fuse_gstats_on_f64(p)) {
+        fuse_gstats_f64(&ops_f64, dy, x, rows, w, 0, p, acc);
+        return;
+    }
     for (int64_t j = 0; j < 2 * w; j++) acc[j] = 0.0;
     for (int64_t r = 0; r < rows; r++) {
         const double *xr = x + r * w, *dr = dy + r * w;
@@ -155,12 +202,20 @@ static void gstats_rows_f64(const double *dy, const double *x, int64_t rows, int
 
 static void gapply_run_f64(const double *dy, const double *x, double *dx, int64_t n, const cfbn_grad_f64 *p)
 {
+    if (fuse_gapply_on_f64(p)) {
+        fuse_gapply_f64(&ops_f64, dy, x, dx, 1, n, 1, p);
+        return;
+    }
     const double mhi = p->mhi[0], mlo = p->mlo[0], a = p->a[0], b = p->b[0], c = p->c[0];
     for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * a + (((x[i] - mhi) - mlo) * b + c);
 }
 
 static void gapply_rows_f64(const double *dy, const double *x, double *dx, int64_t rows, int64_t w, const cfbn_grad_f64 *p)
 {
+    if (fuse_gapply_on_f64(p)) {
+        fuse_gapply_f64(&ops_f64, dy, x, dx, rows, w, 0, p);
+        return;
+    }
     for (int64_t r = 0; r < rows; r++) {
         const double *xr = x + r * w, *dr = dy + r * w;
         double *o = dx + r * w;
@@ -198,6 +253,10 @@ static void stats_rows_f16(const uint16_t *x, int64_t rows, int64_t w, const dou
 
 static void apply_run_f16(const uint16_t *x, uint16_t *y, int64_t n, const cfbn_apply_f32 *p)
 {
+    if (fuse_apply_on_f32(p)) {
+        fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 1);
+        return;
+    }
     const float mhi = p->mhi[0], mlo = p->mlo[0], a = p->alpha[0], b = p->beta[0];
     for (int64_t i = 0; i < n; i++)
         y[i] = cfbn_float_to_half(((cfbn_half_to_float(x[i]) - mhi) - mlo) * a + b);
@@ -205,6 +264,10 @@ static void apply_run_f16(const uint16_t *x, uint16_t *y, int64_t n, const cfbn_
 
 static void apply_rows_f16(const uint16_t *x, uint16_t *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
 {
+    if (fuse_apply_on_f32(p)) {
+        fuse_apply_f32(&ops_f32, x, y, rows, w, 0, p, 1);
+        return;
+    }
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *xr = x + r * w;
         uint16_t *yr = y + r * w;
@@ -215,6 +278,10 @@ static void apply_rows_f16(const uint16_t *x, uint16_t *y, int64_t rows, int64_t
 
 static void gstats_run_f16(const uint16_t *dy, const uint16_t *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
 {
+    if (fuse_gstats_on_f32(p)) {
+        fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 1);
+        return;
+    }
     const float mhi = p->mhi[0], mlo = p->mlo[0];
     double s1 = 0.0, s2 = 0.0;
     for (int64_t i = 0; i < n; i++) {
@@ -229,6 +296,10 @@ static void gstats_run_f16(const uint16_t *dy, const uint16_t *x, int64_t n, con
 
 static void gstats_rows_f16(const uint16_t *dy, const uint16_t *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
 {
+    if (fuse_gstats_on_f32(p)) {
+        fuse_gstats_f32(&ops_f32, dy, x, rows, w, 0, p, acc, 1);
+        return;
+    }
     for (int64_t j = 0; j < 2 * w; j++) acc[j] = 0.0;
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *xr = x + r * w, *dr = dy + r * w;
@@ -243,6 +314,10 @@ static void gstats_rows_f16(const uint16_t *dy, const uint16_t *x, int64_t rows,
 
 static void gapply_run_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t n, const cfbn_grad_f32 *p)
 {
+    if (fuse_gapply_on_f32(p)) {
+        fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 1);
+        return;
+    }
     const float mhi = p->mhi[0], mlo = p->mlo[0], a = p->a[0], b = p->b[0], c = p->c[0];
     for (int64_t i = 0; i < n; i++) {
         float d = (cfbn_half_to_float(x[i]) - mhi) - mlo;
@@ -252,6 +327,10 @@ static void gapply_run_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, 
 
 static void gapply_rows_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
 {
+    if (fuse_gapply_on_f32(p)) {
+        fuse_gapply_f32(&ops_f32, dy, x, dx, rows, w, 0, p, 1);
+        return;
+    }
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *xr = x + r * w, *dr = dy + r * w;
         uint16_t *o = dx + r * w;
@@ -261,6 +340,15 @@ static void gapply_rows_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx,
         }
     }
 }
+
+static const fuse_ops_f32 ops_f32 = {
+    apply_run_f32, apply_rows_f32, gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
+    fuse_act_scalar_f32, fuse_act_grad_scalar_f32, fuse_widen_scalar, fuse_narrow_scalar,
+};
+
+static const fuse_ops_f64 ops_f64 = {
+    apply_run_f64, apply_rows_f64, gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
+};
 
 const cfbn_kernels cfbn_kernels_scalar = {
     "scalar",

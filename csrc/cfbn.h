@@ -38,31 +38,70 @@ enum cfbn_dtype { CFBN_F32 = 0, CFBN_F64 = 1, CFBN_F16 = 2 };
 enum cfbn_layout { CFBN_CHANNELS_LAST = 0, CFBN_CHANNELS_FIRST = 1 };
 enum cfbn_isa { CFBN_ISA_SCALAR = 0, CFBN_ISA_AVX2 = 1, CFBN_ISA_NEON = 2, CFBN_ISA_COUNT = 3 };
 
+/* A fused activation: y = act(pre-activation).  Derivatives at the kinks
+ * follow TensorFlow and PyTorch: relu'(0) = relu6'(0) = relu6'(6) = 0,
+ * leaky_relu'(0) = alpha, elu'(0) = alpha (PyTorch's x <= 0 branch).  A NaN
+ * pre-activation gives a NaN value and a NaN derivative. */
+enum cfbn_activation {
+    CFBN_ACT_NONE = 0,
+    CFBN_ACT_RELU = 1,        /* max(v, 0) */
+    CFBN_ACT_RELU6 = 2,       /* min(max(v, 0), 6) */
+    CFBN_ACT_LEAKY_RELU = 3,  /* v > 0 ? v : alpha * v */
+    CFBN_ACT_ELU = 4,         /* v > 0 ? v : alpha * (exp(v) - 1) */
+    CFBN_ACT_SIGMOID = 5,     /* 1 / (1 + exp(-v)) */
+    CFBN_ACT_TANH = 6,
+    CFBN_ACT_SILU = 7,        /* v * sigmoid(v) */
+    CFBN_ACT_COUNT = 8
+};
+
 /* Per-channel (or per-column) parameters of the normalization pass:
- *   y = ((x - mhi) - mlo) * alpha + beta
- * Room is kept here for later fields (a fused activation, a side input);
- * kernels read only what they know.
+ *   y = act(((x - mhi) - mlo) * alpha + beta + side)
  * stream: a hint that the output is far larger than the caches, so a kernel
- * may write it with non-temporal stores; results are the same either way. */
+ * may write it with non-temporal stores; results are the same either way.
+ * act, act_alpha: the fused activation (CFBN_ACT_NONE: identity).
+ * side: NULL, or a side input added before the activation, in x's type and
+ * at x's offset for this call (f16 tensors: uint16_t).  With act NONE and side
+ * NULL the kernels run exactly the plain normalization. */
 typedef struct {
     const float *mhi, *mlo, *alpha, *beta;
     int stream;
+    int act;
+    float act_alpha;
+    const void *side;
 } cfbn_apply_f32;
 typedef struct {
     const double *mhi, *mlo, *alpha, *beta;
     int stream;
+    int act;
+    double act_alpha;
+    const void *side;
 } cfbn_apply_f64;
 
-/* Parameters of the gradient passes:
- *   gstats: sum(dy), sum(dy * ((x - mhi) - mlo))        (a, b, c unused)
- *   gapply: dx = dy * a + (((x - mhi) - mlo) * b + c)   */
+/* Parameters of the gradient passes, with g = dy * act'(pre) and
+ * pre = ((x - mhi) - mlo) * ya + yb + side (the forward's pre-activation,
+ * recomputed; g = dy when act is NONE):
+ *   gstats: sum(g), sum(g * ((x - mhi) - mlo))        (a, b, c unused)
+ *   gapply: dx = g * a + (((x - mhi) - mlo) * b + c), and side_grad = g
+ *           when side_grad is not NULL
+ * ya, yb and side are read only when act is not NONE; with act NONE and
+ * side_grad NULL the kernels run exactly the plain gradient. */
 typedef struct {
     const float *mhi, *mlo, *a, *b, *c;
     int stream;
+    int act;
+    float act_alpha;
+    const float *ya, *yb;
+    const void *side;
+    void *side_grad;
 } cfbn_grad_f32;
 typedef struct {
     const double *mhi, *mlo, *a, *b, *c;
     int stream;
+    int act;
+    double act_alpha;
+    const double *ya, *yb;
+    const void *side;
+    void *side_grad;
 } cfbn_grad_f64;
 
 /* One ISA's kernels.  Contracts (n, rows, w >= 0; "acc" outputs are double):
@@ -74,6 +113,10 @@ typedef struct {
  *   gstats_rows acc[j], acc[w + j]: the same per column
  *   gapply_run  dx[i] = dy[i] * a[0] + (((x[i] - mhi[0]) - mlo[0]) * b[0] + c[0])
  *   gapply_rows the same per column
+ * With a fused activation or side input (see the parameter structs) the
+ * kernels work through L1-sized blocks (bn_fuse.h): the plain kernel writes
+ * the pre-activation to a block buffer, the activation pass reads it back
+ * from L1, so memory still sees one read of x (and side) and one write of y.
  * Differences x - mhi - mlo are formed in the compute type (float for f32 and
  * f16, double for f64); products for sums are formed and summed in double. */
 typedef struct cfbn_kernels {
@@ -133,6 +176,18 @@ typedef struct {
     int n_threads;        /* >= 1 */
 } cfbn_shape;
 
+/* What is fused into a forward or gradient call; a NULL cfbn_fusion means
+ * none of it.  side and side_grad are tensors of x's shape and dtype; offset
+ * (the forward's beta, a per-channel vector) is needed by the gradient to
+ * recompute the pre-activation when act is not NONE. */
+typedef struct {
+    int act;                 /* enum cfbn_activation */
+    double alpha;            /* leaky_relu's slope, elu's scale */
+    const void *side;        /* y = act(BN(x) + side); may be NULL */
+    const void *offset;      /* gradient only */
+    void *side_grad;         /* gradient only: dy * act'(pre); may be NULL */
+} cfbn_fusion;
+
 /* Per-channel vectors are float for f32 and f16 tensors, double for f64.
  * Return 0, or -1 when scratch memory could not be allocated. */
 int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
@@ -140,7 +195,7 @@ int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
                           const void *mean, const void *variance,   /* may be NULL when factor == 1 */
                           double epsilon, double factor,
                           void *y, void *batch_mean, void *batch_variance,
-                          void *saved_mean, void *saved_variance);
+                          void *saved_mean, void *saved_variance, const cfbn_fusion *fusion);
 
 /* Inference also copies mean and variance to the four per-channel outputs
  * (any of which may be NULL), so that a gradient can take them straight back. */
@@ -148,12 +203,13 @@ int cfbn_forward_inference(const cfbn_kernels *k, const cfbn_shape *s,
                            const void *x, const void *scale, const void *offset,
                            const void *mean, const void *variance, double epsilon,
                            void *y, void *batch_mean, void *batch_variance,
-                           void *saved_mean, void *saved_variance);
+                           void *saved_mean, void *saved_variance, const cfbn_fusion *fusion);
 
+/* With an activation, an inference-mode gradient is dx = scale * r * g. */
 int cfbn_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
                   const void *dy, const void *x, const void *scale,
                   const void *saved_mean, const void *saved_variance, double epsilon,
-                  void *dx, void *scale_backprop, void *offset_backprop);
+                  void *dx, void *scale_backprop, void *offset_backprop, const cfbn_fusion *fusion);
 
 /* Split passes, one pass over the tensor each, for statistics that are
  * merged across micro-batches or processes.  Per-channel statistics and sums

@@ -10,6 +10,15 @@
  *     the result for half, whose final rounding may then flip).
  *   - stats/gstats sums may differ by summation order: 2e-12 relative to the
  *     sum of the magnitudes of the terms.
+ *   - Fused activations and side input (every activation, with and without a
+ *     side input, and side_grad): the SIMD exp/tanh are within a few ulps of
+ *     libm, and the pre-activation may differ by FMA contraction, so
+ *       value:      L * dpre + 8 ulps of max(1, |act|)
+ *       derivative: L2 * dpre + 8 ulps of max(1, alpha), or the whole jump
+ *                   when the pre-activation is within dpre of a kink
+ *     where dpre = 4 ulps of the sum of the magnitudes of the pre-activation's
+ *     terms, L bounds |act'| and L2 bounds |act''| (1, or alpha when larger).
+ *     Gradient sums add sum |dy| (resp. |dy * d|) times the derivative bound.
  *
  * Build with CFBN_HAVE_AVX2 and/or CFBN_HAVE_NEON and the matching ISA file;
  * with neither it only checks the scalar table against itself. */
@@ -23,6 +32,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "bn_act.h"
 #include "cfbn.h"
 #include "half.h"
 
@@ -164,8 +174,15 @@ typedef struct {
     void *x, *dy;           /* guarded typed inputs */
     double *shift;          /* guarded, w entries (run: 1) */
     void *mhi, *mlo, *pa, *pb, *pc;   /* guarded, typed float or double, w entries */
-    region rg[8];
+    void *side;             /* guarded typed input: the fused side input */
+    region rg[9];
 } tcase;
+
+/* The fusion under test: activation, its alpha, side input on/off.  The
+ * gradient's pre-activation uses pa and pb as its alpha and beta. */
+static int g_act = CFBN_ACT_NONE;
+static double g_alpha = 0.0;
+static int g_side = 0;
 
 static void *alloc_param(tcase *t, int slot, const double *v, int64_t w)
 {
@@ -193,12 +210,14 @@ static void case_make(tcase *t, int dt, int rows_kind, int64_t rows, int64_t w, 
 
     t->x = alloc_guarded((size_t)t->n * esize[dt], &t->rg[0]);
     t->dy = alloc_guarded((size_t)t->n * esize[dt], &t->rg[1]);
+    t->side = alloc_guarded((size_t)t->n * esize[dt], &t->rg[8]);
     double *colmean = malloc(sizeof(double) * (size_t)(np + 1));
     for (int64_t j = 0; j < np; j++) colmean[j] = base * (1.0 + 0.001 * (double)(j % 7)) + 0.1 * (double)j;
     for (int64_t i = 0; i < t->n; i++) {
         int64_t j = rows_kind ? i % w : 0;
         put(dt, t->x, i, colmean[j] + sd * rng_normal());
         put(dt, t->dy, i, 0.5 * rng_normal() + 0.01);
+        put(dt, t->side, i, 1.5 * rng_normal());
     }
 
     double *sh = malloc(sizeof(double) * (size_t)(np + 1));
@@ -238,18 +257,21 @@ static void case_make(tcase *t, int dt, int rows_kind, int64_t rows, int64_t w, 
 
 static void case_free(tcase *t)
 {
-    for (int i = 0; i < 8; i++) free_guarded(&t->rg[i]);
+    for (int i = 0; i < 9; i++) free_guarded(&t->rg[i]);
 }
 
 /* ---- calling a table ---- */
 
-static void call(const cfbn_kernels *k, int kind, const tcase *t, const void *x, const void *dy, void *out)
+static void call(const cfbn_kernels *k, int kind, const tcase *t, const void *x, const void *dy, void *out,
+                 void *side_grad)
 {
     int64_t n = t->n, r = t->rows, w = t->w;
     int rows = t->rows_kind;
+    const void *side = g_side ? t->side : NULL;
     if (t->dt == CFBN_F32 || t->dt == CFBN_F16) {
-        cfbn_apply_f32 ap = {t->mhi, t->mlo, t->pa, t->pb, g_stream};
-        cfbn_grad_f32 gp = {t->mhi, t->mlo, t->pa, t->pb, t->pc, g_stream};
+        cfbn_apply_f32 ap = {t->mhi, t->mlo, t->pa, t->pb, g_stream, g_act, (float)g_alpha, side};
+        cfbn_grad_f32 gp = {t->mhi, t->mlo, t->pa, t->pb, t->pc, g_stream, g_act, (float)g_alpha,
+                            t->pa, t->pb, side, side_grad};
         if (t->dt == CFBN_F32) {
             switch (kind) {
             case K_STATS:
@@ -288,8 +310,9 @@ static void call(const cfbn_kernels *k, int kind, const tcase *t, const void *x,
             }
         }
     } else {
-        cfbn_apply_f64 ap = {t->mhi, t->mlo, t->pa, t->pb, g_stream};
-        cfbn_grad_f64 gp = {t->mhi, t->mlo, t->pa, t->pb, t->pc, g_stream};
+        cfbn_apply_f64 ap = {t->mhi, t->mlo, t->pa, t->pb, g_stream, g_act, g_alpha, side};
+        cfbn_grad_f64 gp = {t->mhi, t->mlo, t->pa, t->pb, t->pc, g_stream, g_act, g_alpha,
+                            t->pa, t->pb, side, side_grad};
         switch (kind) {
         case K_STATS:
             if (rows) k->stats_rows_f64(x, r, w, t->shift, out);
@@ -347,8 +370,8 @@ static int check_one(const cfbn_kernels *k, int kind, const tcase *t, int scenar
         if (kind == K_APPLY) x = got.p;
         else dy = got.p;
     }
-    call(&cfbn_kernels_scalar, kind, t, t->x, t->dy, ref.p);
-    call(k, kind, t, x, dy, got.p);
+    call(&cfbn_kernels_scalar, kind, t, t->x, t->dy, ref.p, NULL);
+    call(k, kind, t, x, dy, got.p, NULL);
 
     int ok = 1;
     if (!out_guards_ok(&got)) ok = report(k, kind, t, scenario, "guard overwritten", -1, 0, 0, 0);
@@ -404,6 +427,185 @@ static int check_one(const cfbn_kernels *k, int kind, const tcase *t, int scenar
     return ok;
 }
 
+/* ---- fused activation and side input ---- */
+
+/* bounds on |act'| and |act''| (see the header comment) */
+static double act_lip(int kind)
+{
+    switch (kind) {
+    case CFBN_ACT_SIGMOID: return 0.25;
+    case CFBN_ACT_SILU: return 1.1;
+    case CFBN_ACT_LEAKY_RELU:
+    case CFBN_ACT_ELU: return fmax(1.0, fabs(g_alpha));
+    default: return 1.0;
+    }
+}
+
+static double act_lip2(int kind)
+{
+    switch (kind) {
+    case CFBN_ACT_NONE:
+    case CFBN_ACT_RELU:
+    case CFBN_ACT_RELU6:
+    case CFBN_ACT_LEAKY_RELU: return 0.0;
+    case CFBN_ACT_ELU: return fmax(1.0, fabs(g_alpha));
+    default: return 1.0;
+    }
+}
+
+static int near_kink(int kind, double pre, double dpre)
+{
+    switch (kind) {
+    case CFBN_ACT_RELU:
+    case CFBN_ACT_LEAKY_RELU:
+    case CFBN_ACT_ELU: return fabs(pre) <= dpre;
+    case CFBN_ACT_RELU6: return fabs(pre) <= dpre || fabs(pre - 6.0) <= dpre;
+    default: return 0;
+    }
+}
+
+/* element i: the pre-activation (pa, pb as its alpha and beta), the bound on
+ * how far two tables' pre-activations may be apart, and the bound on the
+ * difference of their act' values */
+static void fused_elem(const tcase *t, int64_t i, double *pre, double *dpre, double *der_tol)
+{
+    int dt = t->dt;
+    double eps = dt == CFBN_F64 ? DBL_EPSILON : FLT_EPSILON;
+    int64_t j = t->rows_kind ? i % t->w : 0;
+    double d = centered(dt, get(dt, t->x, i), pget(t, t->mhi, j), pget(t, t->mlo, j));
+    double sd = g_side ? get(dt, t->side, i) : 0.0;
+    *pre = d * pget(t, t->pa, j) + pget(t, t->pb, j) + sd;
+    *dpre = 4.0 * eps * (fabs(d * pget(t, t->pa, j)) + fabs(pget(t, t->pb, j)) + fabs(sd)) + 1e-300;
+    *der_tol = act_lip2(g_act) * *dpre + 8.0 * eps * fmax(1.0, fabs(g_alpha));
+    if (near_kink(g_act, *pre, 2.0 * *dpre)) *der_tol += fmax(1.0, fabs(g_alpha)) + 1.0;
+}
+
+static int check_fused(const cfbn_kernels *k, int kind, const tcase *t, int scenario, int inplace)
+{
+    int dt = t->dt;
+    int is_stats = kind == K_GSTATS;
+    int with_sg = kind == K_GAPPLY && g_side;
+    int64_t np = t->rows_kind ? t->w : 1;
+    size_t cnt = is_stats ? (size_t)(2 * np) : (size_t)t->n;
+    size_t es = is_stats ? 8 : esize[dt];
+    double eps = dt == CFBN_F64 ? DBL_EPSILON : FLT_EPSILON;
+    outbuf ref, got, sref, sgot;
+    out_init(&ref, cnt, es);
+    out_init(&got, cnt, es);
+    out_init(&sref, (size_t)t->n, esize[dt]);
+    out_init(&sgot, (size_t)t->n, esize[dt]);
+    out_poison(&ref);
+    out_poison(&got);
+    out_poison(&sref);
+    out_poison(&sgot);
+
+    const void *x = t->x, *dy = t->dy;
+    if (inplace) {
+        memcpy(got.p, kind == K_APPLY ? t->x : t->dy, got.bytes);
+        if (kind == K_APPLY) x = got.p;
+        else dy = got.p;
+    }
+    call(&cfbn_kernels_scalar, kind, t, t->x, t->dy, ref.p, with_sg ? sref.p : NULL);
+    call(k, kind, t, x, dy, got.p, with_sg ? sgot.p : NULL);
+
+    char what[64];
+    snprintf(what, sizeof what, "act %d side %d%s", g_act, g_side, inplace ? " in place" : "");
+    int ok = 1;
+    if (!out_guards_ok(&got) || !out_guards_ok(&sgot)) ok = report(k, kind, t, scenario, "guard overwritten", -1, 0, 0, 0);
+    if (is_stats) {
+        const double *r = (const double *)ref.p, *g = (const double *)got.p;
+        for (int64_t j = 0; j < np && ok; j++) {
+            double m1 = 0.0, m2 = 0.0, e1 = 0.0, e2 = 0.0;
+            int64_t nr = t->rows_kind ? t->rows : t->n, step = t->rows_kind ? t->w : 1;
+            for (int64_t q = 0; q < nr; q++) {
+                int64_t i = j + q * step;
+                double pre, dpre, dt_;
+                fused_elem(t, i, &pre, &dpre, &dt_);
+                double gv = get(dt, t->dy, i);
+                double d = centered(dt, get(dt, t->x, i), pget(t, t->mhi, j), pget(t, t->mlo, j));
+                double gg = gv * cfbn_act_grad_f64(g_act, pre, g_alpha);
+                m1 += fabs(gg);
+                m2 += fabs(gg * d);
+                e1 += fabs(gv) * dt_;
+                e2 += fabs(gv * d) * dt_;
+            }
+            double tol1 = 2e-12 * m1 + 4.0 * eps * m1 + e1 + 1e-300;
+            double tol2 = 2e-12 * m2 + 4.0 * eps * m2 + e2 + 1e-300;
+            if (!(fabs(g[j] - r[j]) <= tol1)) ok = report(k, kind, t, scenario, what, j, g[j], r[j], tol1);
+            else if (!(fabs(g[np + j] - r[np + j]) <= tol2))
+                ok = report(k, kind, t, scenario, what, np + j, g[np + j], r[np + j], tol2);
+        }
+    } else {
+        for (int64_t i = 0; i < t->n && ok; i++) {
+            int64_t j = t->rows_kind ? i % t->w : 0;
+            double pre, dpre, der_tol;
+            fused_elem(t, i, &pre, &dpre, &der_tol);
+            double want = get(dt, ref.p, i), have = get(dt, got.p, i), tol;
+            if (kind == K_APPLY) {
+                tol = act_lip(g_act) * dpre + 8.0 * eps * fmax(1.0, fabs(cfbn_act_f64(g_act, pre, g_alpha)));
+            } else {
+                double gv = get(dt, t->dy, i);
+                double gg = gv * cfbn_act_grad_f64(g_act, pre, g_alpha);
+                double d = centered(dt, get(dt, t->x, i), pget(t, t->mhi, j), pget(t, t->mlo, j));
+                double a = pget(t, t->pa, j);
+                tol = 2.0 * eps * (fabs(gg * a) + fabs(d * pget(t, t->pb, j)) + fabs(pget(t, t->pc, j)))
+                      + fabs(gv * a) * der_tol;
+                if (with_sg) {
+                    double sw = get(dt, sref.p, i), sh = get(dt, sgot.p, i);
+                    double st = fabs(gv) * der_tol + 2.0 * eps * fabs(gg) + 1e-300;
+                    if (dt == CFBN_F16) st += fabs(sw) * 0x1p-10 + 0x1p-24;
+                    if (!(fabs(sh - sw) <= st)) ok = report(k, kind, t, scenario, "side_grad", i, sh, sw, st);
+                }
+            }
+            tol += 1e-300;
+            if (dt == CFBN_F16) tol += fabs(want) * 0x1p-10 + 0x1p-24;
+            if (ok && !(fabs(have - want) <= tol)) ok = report(k, kind, t, scenario, what, i, have, want, tol);
+        }
+    }
+    out_free(&ref);
+    out_free(&got);
+    out_free(&sref);
+    out_free(&sgot);
+    if (ok) n_pass++;
+    else n_fail++;
+    return ok;
+}
+
+static void check_fused_table(const cfbn_kernels *k)
+{
+    static const int64_t ns[] = {0, 1, 3, 8, 17, 33, 511, 512, 513, 1100};
+    static const int64_t rows[] = {1, 3, 33};
+    static const int64_t ws[] = {1, 2, 3, 8, 9, 16, 17, 100, 600};
+    static const double alphas[CFBN_ACT_COUNT] = {0.0, 0.0, 0.0, 0.2, 1.3, 0.0, 0.0, 0.0};
+    long before_pass = n_pass, before_fail = n_fail;
+    for (int dt = 0; dt < 3; dt++) {
+        for (int s = 0; s < 4; s += 3) {
+            for (size_t a = 0; a < sizeof ns / sizeof *ns + sizeof rows / sizeof *rows * (sizeof ws / sizeof *ws); a++) {
+                tcase t;
+                size_t nn = sizeof ns / sizeof *ns, nw = sizeof ws / sizeof *ws;
+                if (a < nn) case_make(&t, dt, 0, ns[a], 1, s);
+                else case_make(&t, dt, 1, rows[(a - nn) / nw], ws[(a - nn) % nw], s);
+                for (g_act = 0; g_act < CFBN_ACT_COUNT; g_act++) {
+                    g_alpha = alphas[g_act];
+                    for (g_side = 0; g_side < 2; g_side++) {
+                        if (g_act == CFBN_ACT_NONE && !g_side) continue;   /* the plain kernels */
+                        for (int kind = K_APPLY; kind <= K_GAPPLY; kind++) {
+                            check_fused(k, kind, &t, s, 0);
+                            if (kind != K_GSTATS) check_fused(k, kind, &t, s, 1);
+                        }
+                    }
+                }
+                g_act = CFBN_ACT_NONE;
+                g_side = 0;
+                g_alpha = 0.0;
+                case_free(&t);
+            }
+        }
+    }
+    printf("kernel_check %s fused activation/side input: %ld passed, %ld failed\n", k->name,
+           n_pass - before_pass, n_fail - before_fail);
+}
+
 static void check_case(const cfbn_kernels *k, int dt, int rows_kind, int64_t rows, int64_t w, int scenario)
 {
     tcase t;
@@ -447,6 +649,7 @@ int main(void)
 #if defined(CFBN_HAVE_AVX2)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
         check_table(&cfbn_kernels_avx2);
+        check_fused_table(&cfbn_kernels_avx2);
         tested++;
     } else {
         printf("kernel_check avx2: skipped, this CPU lacks AVX2/FMA/F16C\n");
@@ -454,8 +657,12 @@ int main(void)
 #endif
 #if defined(CFBN_HAVE_NEON)
     check_table(&cfbn_kernels_neon);
+    check_fused_table(&cfbn_kernels_neon);
     tested++;
 #endif
-    if (!tested) check_table(&cfbn_kernels_scalar);
+    if (!tested) {
+        check_table(&cfbn_kernels_scalar);
+        check_fused_table(&cfbn_kernels_scalar);
+    }
     return n_fail != 0;
 }

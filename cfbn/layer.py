@@ -1,0 +1,246 @@
+"""A stateful batch-normalization layer for training loops, and helpers that
+convert running statistics between the TensorFlow, Keras and PyTorch
+conventions.
+
+Running statistics: ``moving = momentum * moving + (1 - momentum) * batch``,
+with the Bessel-corrected batch variance (TensorFlow's FusedBatchNormV3 with
+``exponential_avg_factor = 1 - momentum``).  The frameworks differ in two ways:
+
+============  ===================================  ===========================
+convention    momentum weighs                      batch variance
+============  ===================================  ===========================
+tensorflow    the old value (factor = 1 - m)       Bessel-corrected, n/(n-1)
+keras         the old value (factor = 1 - m)       biased (Keras 3, and
+                                                   tf.keras' non-fused path)
+pytorch       the new batch (factor = m)           Bessel-corrected, n/(n-1)
+============  ===================================  ===========================
+"""
+import numpy as np
+
+from ._api import ACTIVATIONS, DTYPES, LAYOUTS, fused_batch_norm, fused_batch_norm_grad
+from .reference import channel_axis, reduce_axes
+
+__all__ = ["BatchNorm", "CONVENTIONS", "exponential_avg_factor", "momentum_from_factor",
+           "convert_moving_variance"]
+
+#: convention -> (momentum is the new batch's weight?, Bessel-corrected running variance?)
+CONVENTIONS = {"tensorflow": (False, True), "keras": (False, False), "pytorch": (True, True)}
+
+
+def _convention(name, what="convention"):
+    try:
+        return CONVENTIONS[name]
+    except (KeyError, TypeError):
+        raise ValueError("%s: expected one of %s, got %r"
+                         % (what, ", ".join(CONVENTIONS), name)) from None
+
+
+def exponential_avg_factor(momentum, convention="tensorflow"):
+    """The fused op's ``exponential_avg_factor`` for a framework's ``momentum``.
+
+    Keras and TensorFlow layers weigh the old value by momentum (0.99 means
+    a factor of 0.01); PyTorch weighs the new batch by it (0.1 means 0.1).
+    """
+    new_weight, _ = _convention(convention)
+    m = float(momentum)
+    if not 0.0 <= m <= 1.0:
+        raise ValueError("momentum: expected a value in [0, 1], got %r" % (momentum,))
+    return m if new_weight else 1.0 - m
+
+
+def momentum_from_factor(factor, convention="tensorflow"):
+    """The inverse of `exponential_avg_factor`: a framework's momentum."""
+    return exponential_avg_factor(factor, convention)
+
+
+def convert_moving_variance(variance, count, source, target):
+    """A running variance kept in the `source` convention, in the `target` one.
+
+    Parameters
+    ----------
+    variance : array_like
+        The running variance.
+    count : int
+        Elements per channel of each training batch (N*H*W), the n of the
+        Bessel factor n/(n - 1); taken as 1 when n = 1, as the fused op does.
+    source, target : {"tensorflow", "keras", "pytorch"}
+
+    Returns
+    -------
+    ndarray
+        ``variance`` times (n-1)/n (Bessel-corrected to biased), n/(n-1)
+        (biased to corrected), or unchanged.
+
+    Notes
+    -----
+    Exact for every batch's contribution when all batches have `count`
+    elements; the initial value's remaining weight (momentum**steps for the
+    old-value conventions) is scaled too, which is negligible after a few
+    hundred steps, and exact when the running variance started at zero.
+    """
+    _, bessel_from = _convention(source, "source")
+    _, bessel_to = _convention(target, "target")
+    v = np.asarray(variance)
+    n = int(count)
+    if n < 1:
+        raise ValueError("count: expected at least 1, got %r" % (count,))
+    ratio = n / (n - 1) if n > 1 else 1.0
+    if bessel_from and not bessel_to:
+        return v / ratio
+    if bessel_to and not bessel_from:
+        return v * ratio
+    return v.copy()
+
+
+class BatchNorm:
+    """Batch normalization with its parameters and running statistics.
+
+    Parameters
+    ----------
+    num_features : int
+        Channels C.
+    data_format : {"NHWC", "NCHW", "NDHWC", "NCDHW", "NC"}
+    epsilon : float
+        Added to the variance before the square root.
+    momentum : float
+        Weight of the old running value (Keras/TensorFlow meaning):
+        ``moving = momentum * moving + (1 - momentum) * batch``, with the
+        Bessel-corrected batch variance.  For a PyTorch momentum p use
+        ``1 - p``; see `convert_moving_variance` for Keras' biased variance.
+    activation : str, optional
+        Fused activation, as for `cfbn.fused_batch_norm`.
+    dtype : numpy dtype
+        Dtype of the inputs: float32, float64 or float16 (whose parameters
+        are float32).
+
+    Attributes
+    ----------
+    scale, offset, moving_mean, moving_variance : ndarray
+        Length-C parameters (ones, zeros) and running statistics (zeros,
+        ones); updated in place, so references to them stay valid.
+    scale_grad, offset_grad : ndarray
+        Gradients of the last `backward` call.
+    side_input_grad : ndarray or None
+        The side input's gradient, when the last forward had a side input.
+    training : bool
+        The mode `forward` uses when not told; see `train` and `eval`.
+
+    Notes
+    -----
+    After the first call for a given input shape a training step allocates
+    no arrays: `forward` returns y in a buffer the layer reuses (copy it to
+    keep it past the next step), and `backward` returns dx the same way.
+    `backward` reads the x (and side input) of the last `forward`, which
+    must not be modified in between.
+    """
+
+    def __init__(self, num_features, *, data_format="NHWC", epsilon=1e-3, momentum=0.99,
+                 activation=None, dtype=np.float32):
+        c = int(num_features)
+        if c < 1:
+            raise ValueError("num_features: expected at least 1, got %r" % (num_features,))
+        if data_format not in LAYOUTS:
+            raise ValueError("data_format: expected one of %s, got %r"
+                             % (", ".join(LAYOUTS), data_format))
+        if activation not in ACTIVATIONS:
+            raise ValueError("activation: expected one of %s, got %r"
+                             % (", ".join(repr(k) for k in ACTIVATIONS), activation))
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in DTYPES:
+            raise TypeError("dtype: expected float32, float64 or float16, got %s" % self.dtype)
+        m = float(momentum)
+        if not 0.0 <= m <= 1.0:
+            raise ValueError("momentum: expected a value in [0, 1], got %r" % (momentum,))
+        vdt = DTYPES[self.dtype][1]
+        self.num_features = c
+        self.data_format = data_format
+        self.epsilon = float(epsilon)
+        self.momentum = m
+        self.activation = activation
+        self.training = True
+        self.scale = np.ones(c, vdt)
+        self.offset = np.zeros(c, vdt)
+        self.moving_mean = np.zeros(c, vdt)
+        self.moving_variance = np.ones(c, vdt)
+        self.scale_grad = np.zeros(c, vdt)
+        self.offset_grad = np.zeros(c, vdt)
+        self.side_input_grad = None
+        self._saved_mean = np.zeros(c, vdt)
+        self._saved_variance = np.zeros(c, vdt)
+        self._buffers = {}          # shape -> (y, dx, side_grad)
+        self._last = None           # (x, side_input, training) of the last forward
+
+    def train(self, mode=True):
+        """Use batch statistics (and update the running ones) by default; returns self."""
+        self.training = bool(mode)
+        return self
+
+    def eval(self):
+        """Use the running statistics by default; returns self."""
+        return self.train(False)
+
+    def _bufs(self, shape):
+        b = self._buffers.get(shape)
+        if b is None:
+            b = tuple(np.empty(shape, self.dtype) for _ in range(3))
+            self._buffers[shape] = b
+        return b
+
+    def forward(self, x, training=None, side_input=None):
+        """Normalize `x` (and apply the side input and activation).
+
+        Parameters
+        ----------
+        x : ndarray
+            Input of the layer's dtype, laid out as its data_format.
+        training : bool, optional
+            Batch statistics and a running-statistics update (True) or the
+            running statistics (False); None uses the layer's mode.
+        side_input : ndarray, optional
+            Added before the activation (a residual branch).
+
+        Returns
+        -------
+        ndarray
+            y, in a buffer the layer reuses for this shape.
+        """
+        training = self.training if training is None else bool(training)
+        y, _, _ = self._bufs(np.shape(x))
+        out = (y, self.moving_mean, self.moving_variance, self._saved_mean, self._saved_variance)
+        fused_batch_norm(x, self.scale, self.offset, self.moving_mean, self.moving_variance,
+                         epsilon=self.epsilon, exponential_avg_factor=1.0 - self.momentum,
+                         data_format=self.data_format, is_training=training, out=out,
+                         activation=self.activation, side_input=side_input)
+        self._last = (x, side_input, training)
+        return y
+
+    __call__ = forward
+
+    def backward(self, dy):
+        """Gradient of the last `forward`: returns dx, stores scale_grad and offset_grad
+        (and side_input_grad when that forward had a side input)."""
+        if self._last is None:
+            raise RuntimeError("backward: call forward first")
+        x, side, training = self._last
+        _, dx, sg = self._bufs(np.shape(x))
+        out = [dx, self.scale_grad, self.offset_grad]
+        if side is not None:
+            out.append(sg)
+        fused_batch_norm_grad(dy, x, self.scale, self._saved_mean, self._saved_variance,
+                              epsilon=self.epsilon, data_format=self.data_format,
+                              is_training=training, out=out, offset=self.offset,
+                              activation=self.activation, side_input=side)
+        self.side_input_grad = sg if side is not None else None
+        return dx
+
+    def batch_count(self, x):
+        """Elements per channel of `x` (the n of the Bessel factor)."""
+        shape = np.shape(x)
+        n = 1
+        for a in reduce_axes(self.data_format, len(shape)):
+            n *= shape[a]
+        return n
+
+    def channel_axis(self, ndim):
+        """The channel axis of a tensor of `ndim` dimensions in this layer's layout."""
+        return channel_axis(self.data_format, ndim)

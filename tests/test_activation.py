@@ -1,0 +1,355 @@
+"""Fused activation and side input, forward and gradient, against the float64 reference.
+
+Bounds: the pre-activation gets the plain forward's bound (plus a rounding of
+the side input); the activation then adds L times that (L bounds |act'|) and
+8 units of max(1, |act|), the error of the vectorized exp/tanh.  The gradient
+differentiates at the recomputed pre-activation: act' is off by L2 times the
+pre-activation's error (L2 bounds |act''|) plus 8 units, or by the whole jump
+where the pre-activation is that close to a kink; that error of g = dy * act'
+is carried through the gradient's sums.
+"""
+import numpy as np
+import pytest
+
+import cfbn
+from cfbn import reference
+
+from _checks import (
+    DTYPES,
+    LAYOUTS,
+    Unmodified,
+    assert_close,
+    forward_bounds,
+    forward_buffers,
+    grad_bounds,
+    grad_buffers,
+    make_shape,
+    nan_like,
+    per_channel_view,
+    random_vectors,
+    random_x,
+    seed_of,
+    unit,
+    vector_dtype,
+)
+
+ACTIVATIONS = [None, "relu", "relu6", "leaky_relu", "elu", "sigmoid", "tanh", "silu"]
+# a non-default alpha, so that it demonstrably reaches the kernels
+ALPHA = {"leaky_relu": 0.2, "elu": 1.3}
+SHAPES = [(3, 33, 17), (1, 7, 257), (2, 5, 3)]
+LIP = {None: 1.0, "relu": 1.0, "relu6": 1.0, "leaky_relu": 1.0, "elu": 1.3, "sigmoid": 0.25,
+       "tanh": 1.0, "silu": 1.1}
+LIP2 = {None: 0.0, "relu": 0.0, "relu6": 0.0, "leaky_relu": 0.0, "elu": 1.3, "sigmoid": 0.1,
+        "tanh": 0.8, "silu": 0.5}
+KINKS = {"relu": (0.0,), "relu6": (0.0, 6.0), "leaky_relu": (0.0,), "elu": (0.0,)}
+
+
+def _ids(v):
+    return "none" if v is None else str(v)
+
+
+# every activation with and without a side input (the plain call, None without
+# a side input, is test_forward.py's and test_grad.py's)
+FUSIONS = [(a, side) for a in ACTIVATIONS for side in (False, True) if a is not None or side]
+# training on every shape, inference on one
+MODES = [(True, s) for s in SHAPES] + [(False, SHAPES[0])]
+
+
+def _fusion_id(v):
+    return _ids(v) if not isinstance(v, bool) else ("side" if v else "noside")
+
+
+def _mode_id(v):
+    return ("train" if v else "infer") if isinstance(v, bool) else "x".join(map(str, v))
+
+
+def make_case(data_format, dtype, shape_case, seed, with_side):
+    rng = np.random.default_rng(seed)
+    shape = make_shape(data_format, *shape_case)
+    x = random_x(rng, shape, data_format, dtype)
+    v = random_vectors(rng, shape_case[2], dtype)
+    side = (1.5 * rng.standard_normal(shape)).astype(dtype) if with_side else None
+    dy = rng.standard_normal(shape).astype(dtype)
+    return x, v, side, dy
+
+
+def pre_activation(x, scale, offset, mu, var, side, epsilon, data_format):
+    xd = np.asarray(x, np.float64)
+
+    def bc(v):
+        return per_channel_view(v, data_format, xd.ndim)
+
+    r = 1.0 / np.sqrt(np.asarray(var, np.float64) + epsilon)
+    pre = bc(np.asarray(scale, np.float64) * r) * (xd - bc(mu)) + bc(offset)
+    if side is not None:
+        pre = pre + np.asarray(side, np.float64)
+    return pre
+
+
+def derivative_error(act, pre, pre_err, u):
+    """Bound on |act'| error at each element (see the module docstring)."""
+    tol = LIP2[act] * pre_err + 8 * u * 1.3
+    for k in KINKS.get(act, ()):
+        tol = np.where(np.abs(pre - k) <= 2 * pre_err, tol + 2.3, tol)
+    return tol
+
+
+@pytest.mark.parametrize("is_training,shape_case", MODES, ids=_mode_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("data_format", LAYOUTS)
+@pytest.mark.parametrize("act,with_side", FUSIONS, ids=_fusion_id)
+def test_forward(isa, act, data_format, dtype, with_side, is_training, shape_case):
+    x, v, side, _ = make_case(data_format, dtype, shape_case,
+                              seed_of("act-fwd", act, data_format, np.dtype(dtype).name,
+                                      with_side, shape_case), with_side)
+    alpha = ALPHA.get(act)
+    mean, var = (None, None) if is_training else (v["mean"], v["variance"])
+    out = forward_buffers(x.shape, shape_case[2], dtype)
+    with Unmodified(x, side, *v.values()):
+        got = cfbn.fused_batch_norm(x, v["scale"], v["offset"], mean, var, epsilon=1e-3,
+                                    data_format=data_format, is_training=is_training,
+                                    activation=act, alpha=alpha, side_input=side, out=out)
+    assert all(a is b for a, b in zip(got, out))
+    ref = reference.fused_batch_norm(x, v["scale"], v["offset"], mean, var, epsilon=1e-3,
+                                     data_format=data_format, is_training=is_training,
+                                     activation=act, alpha=alpha, side_input=side)
+    plain = reference.fused_batch_norm(x, v["scale"], v["offset"], mean, var, epsilon=1e-3,
+                                       data_format=data_format, is_training=is_training)
+    b = forward_bounds(x, v["scale"], v["offset"], mean, var, plain, epsilon=1e-3,
+                       data_format=data_format, is_training=is_training)
+    u = unit(dtype)
+    pre = plain.y + (0.0 if side is None else side.astype(np.float64))
+    pre_err = b["y"] + 2 * u * np.abs(pre)
+    tol = LIP[act] * pre_err + 8 * u * np.maximum(1.0, np.abs(ref.y))
+    assert_close("y", got.y, ref.y, tol, dtype)
+    for name in ("batch_mean", "batch_variance", "reserve_space_1", "reserve_space_2"):
+        assert_close(name, getattr(got, name), getattr(plain, name), b[name], vector_dtype(dtype))
+
+
+@pytest.mark.parametrize("is_training,shape_case", MODES, ids=_mode_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("data_format", LAYOUTS)
+@pytest.mark.parametrize("act,with_side", FUSIONS, ids=_fusion_id)
+def test_grad(isa, act, data_format, dtype, with_side, is_training, shape_case):
+    x, v, side, dy = make_case(data_format, dtype, shape_case,
+                               seed_of("act-grad", act, data_format, np.dtype(dtype).name,
+                                       with_side, shape_case), with_side)
+    alpha = ALPHA.get(act)
+    vdt = vector_dtype(dtype)
+    if is_training:
+        fwd = reference.fused_batch_norm(x, v["scale"], v["offset"], data_format=data_format)
+        mu, var = fwd.reserve_space_1.astype(vdt), fwd.reserve_space_2.astype(vdt)
+    else:
+        mu, var = v["mean"], v["variance"]
+    out = grad_buffers(x.shape, shape_case[2], dtype)
+    if with_side:
+        out.append(nan_like(x.shape, dtype))
+    with Unmodified(dy, x, side, *v.values()):
+        got = cfbn.fused_batch_norm_grad(dy, x, v["scale"], mu, var, epsilon=1e-3,
+                                         data_format=data_format, is_training=is_training,
+                                         offset=v["offset"], activation=act, alpha=alpha,
+                                         side_input=side, out=out)
+    assert isinstance(got, cfbn.BatchNormGradSide if with_side else cfbn.BatchNormGrad)
+    assert all(a is b for a, b in zip(got, out))
+    ref = reference.fused_batch_norm_grad(dy, x, v["scale"], mu, var, epsilon=1e-3,
+                                          data_format=data_format, is_training=is_training,
+                                          offset=v["offset"], activation=act, alpha=alpha,
+                                          side_input=side)
+    u = unit(dtype)
+    xd = x.astype(np.float64)
+    pre = pre_activation(x, v["scale"], v["offset"], mu, var, side, 1e-3, data_format)
+
+    def bc(a):
+        return per_channel_view(a, data_format, x.ndim)
+
+    ar = bc(np.abs(v["scale"].astype(np.float64)) / np.sqrt(var.astype(np.float64) + 1e-3))
+    mud = bc(mu)
+    pre_err = 4 * u * (ar * (np.abs(xd) + np.abs(mud) + np.abs(xd - mud))
+                       + np.abs(bc(v["offset"])) + np.abs(pre)
+                       + (0.0 if side is None else np.abs(side.astype(np.float64))))
+    dyd = dy.astype(np.float64)
+    g = dyd * reference.activation_grad(pre, act, alpha)
+    dg = np.abs(dyd) * derivative_error(act, pre, pre_err, u)
+    b = grad_bounds(g, x, v["scale"], mu, var, epsilon=1e-3, data_format=data_format,
+                    is_training=is_training)
+    axes = reference.reduce_axes(data_format, x.ndim)
+    n = int(np.prod([x.shape[a] for a in axes]))
+    xhat = np.abs(xd - mud) / np.sqrt(bc(var.astype(np.float64)) + 1e-3)
+    e1 = np.sum(dg, axis=axes)
+    e2 = np.sum(dg * xhat, axis=axes)
+    if is_training and n > 0:
+        edx = ar * (dg + (bc(e1) + xhat * bc(e2)) / n)
+    else:
+        edx = ar * dg
+    assert_close("x_backprop", got.x_backprop, ref.x_backprop, b["x_backprop"] + edx, dtype)
+    assert_close("scale_backprop", got.scale_backprop, ref.scale_backprop,
+                 b["scale_backprop"] + e2, vdt)
+    assert_close("offset_backprop", got.offset_backprop, ref.offset_backprop,
+                 b["offset_backprop"] + e1, vdt)
+    if with_side:
+        assert_close("side_input_backprop", got.side_input_backprop, ref.side_input_backprop,
+                     dg + 2 * u * np.abs(g), dtype)
+
+
+def _loss(x, scale, offset, side, w, act, alpha, data_format, is_training, mean, var):
+    y = reference.fused_batch_norm(x, scale, offset, mean, var, epsilon=1e-3,
+                                   data_format=data_format, is_training=is_training,
+                                   activation=act, alpha=alpha, side_input=side).y
+    return float(np.sum(w * y))
+
+
+@pytest.mark.parametrize("is_training", [True, False], ids=["train", "infer"])
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW", "NC"])
+@pytest.mark.parametrize("act", ["elu", "sigmoid", "tanh", "silu"])
+def test_grad_finite_differences(act, data_format, is_training):
+    """Central differences of the float64 reference's loss sum(dy * y)."""
+    rng = np.random.default_rng(seed_of("act-fd", act, data_format, is_training))
+    shape = make_shape(data_format, 2, 6, 3)
+    x = random_x(rng, shape, data_format, np.float64)
+    v = random_vectors(rng, 3, np.float64)
+    side = rng.standard_normal(shape)
+    w = rng.standard_normal(shape)
+    alpha = 1.0 if act == "elu" else None   # elu with alpha 1 is smooth at 0
+    mean, var = (None, None) if is_training else (v["mean"], v["variance"])
+    fwd = cfbn.fused_batch_norm(x, v["scale"], v["offset"], mean, var, epsilon=1e-3,
+                                data_format=data_format, is_training=is_training,
+                                activation=act, alpha=alpha, side_input=side)
+    got = cfbn.fused_batch_norm_grad(w, x, v["scale"], fwd.reserve_space_1, fwd.reserve_space_2,
+                                     epsilon=1e-3, data_format=data_format,
+                                     is_training=is_training, offset=v["offset"],
+                                     activation=act, alpha=alpha, side_input=side)
+    h = 1e-6
+    args = dict(act=act, alpha=alpha, data_format=data_format, is_training=is_training,
+                mean=mean, var=var)
+
+    def fd(name, arr, i):
+        inputs = {"x": x, "scale": v["scale"], "offset": v["offset"], "side": side}
+        plus = {k: a.copy() for k, a in inputs.items()}
+        minus = {k: a.copy() for k, a in inputs.items()}
+        plus[name][i] += h
+        minus[name][i] -= h
+        lp = _loss(plus["x"], plus["scale"], plus["offset"], plus["side"], w, **args)
+        lm = _loss(minus["x"], minus["scale"], minus["offset"], minus["side"], w, **args)
+        return (lp - lm) / (2 * h)
+
+    for i in np.ndindex(*shape):
+        np.testing.assert_allclose(got.x_backprop[i], fd("x", x, i), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got.side_input_backprop[i], fd("side", side, i),
+                                   rtol=1e-5, atol=1e-6)
+    for c in range(3):
+        np.testing.assert_allclose(got.scale_backprop[c], fd("scale", v["scale"], (c,)),
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got.offset_backprop[c], fd("offset", v["offset"], (c,)),
+                                   rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("act", ["relu", "relu6", "leaky_relu", "elu"])
+def test_derivative_at_kinks(isa, act):
+    """relu'(0) = 0, relu6'(0) = relu6'(6) = 0, leaky_relu'(0) = elu'(0) = alpha."""
+    # inference with mean 0, variance 1, epsilon 0, scale 1, offset 0: pre = x exactly
+    x = np.array([[0.0, 6.0, -1.0, 2.0]], np.float32)
+    ones, zeros = np.ones(4, np.float32), np.zeros(4, np.float32)
+    dy = np.ones_like(x)
+    g = cfbn.fused_batch_norm_grad(dy, x, ones, zeros, ones, epsilon=0.0, data_format="NC",
+                                   is_training=False, offset=zeros, activation=act)
+    alpha = {"leaky_relu": 0.01, "elu": 1.0}.get(act, 0.0)
+    want = {"relu": [0, 1, 0, 1], "relu6": [0, 0, 0, 1],
+            "leaky_relu": [alpha, 1, alpha, 1], "elu": [alpha, 1, np.exp(-1.0), 1]}[act]
+    np.testing.assert_allclose(g.x_backprop[0], want, rtol=1e-6)
+    np.testing.assert_array_equal(reference.activation_grad([0.0, 6.0], act)[:1], want[:1])
+
+
+@pytest.mark.parametrize("act", ACTIVATIONS[1:], ids=_ids)
+def test_nan_propagates(isa, act):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 5, 5, 3)).astype(np.float32)
+    x[1, 2, 3, 1] = np.nan
+    s, o = np.ones(3, np.float32), np.zeros(3, np.float32)
+    y = cfbn.fused_batch_norm(x, s, o, activation=act)
+    assert np.isnan(y.y[..., 1]).all() and not np.isnan(y.y[..., [0, 2]]).any()
+    g = cfbn.fused_batch_norm_grad(np.ones_like(x), x, s, y.reserve_space_1, y.reserve_space_2,
+                                   offset=o, activation=act)
+    assert np.isnan(g.x_backprop[..., 1]).all() and not np.isnan(g.x_backprop[..., [0, 2]]).any()
+    assert np.isnan(g.scale_backprop[1]) and np.isnan(g.offset_backprop[1])
+
+
+def test_in_place_on_side_input_and_dy(isa):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 9, 7, 19)).astype(np.float32)
+    side = rng.standard_normal(x.shape).astype(np.float32)
+    s, o = np.ones(19, np.float32), np.zeros(19, np.float32)
+    want = cfbn.fused_batch_norm(x, s, o, activation="relu", side_input=side)
+    buf = side.copy()
+    got = cfbn.fused_batch_norm(x, s, o, activation="relu", side_input=buf, out={"y": buf})
+    assert got.y is buf
+    np.testing.assert_array_equal(buf, want.y)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    gw = cfbn.fused_batch_norm_grad(dy, x, s, want.reserve_space_1, want.reserve_space_2,
+                                    offset=o, activation="silu", side_input=side)
+    dyb = dy.copy()
+    gg = cfbn.fused_batch_norm_grad(dyb, x, s, want.reserve_space_1, want.reserve_space_2,
+                                    offset=o, activation="silu", side_input=side,
+                                    out={"x_backprop": dyb})
+    assert gg.x_backprop is dyb
+    np.testing.assert_array_equal(dyb, gw.x_backprop)
+    np.testing.assert_array_equal(gg.side_input_backprop, gw.side_input_backprop)
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_thread_count_does_not_matter(isa, layout):
+    rng = np.random.default_rng(11)
+    shape = (8, 32, 32, 24) if layout == "NHWC" else (8, 24, 32, 32)
+    x = rng.standard_normal(shape).astype(np.float32)
+    side = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    s = rng.uniform(0.5, 2, 24).astype(np.float32)
+    o = rng.standard_normal(24).astype(np.float32)
+    res = []
+    for nt in (1, 3, 8):
+        f = cfbn.fused_batch_norm(x, s, o, data_format=layout, activation="tanh",
+                                  side_input=side, n_threads=nt)
+        g = cfbn.fused_batch_norm_grad(dy, x, s, f.reserve_space_1, f.reserve_space_2,
+                                       data_format=layout, offset=o, activation="tanh",
+                                       side_input=side, n_threads=nt)
+        res.append((f, g))
+    for f, g in res[1:]:
+        for a, b in zip(f + g, res[0][0] + res[0][1]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_plain_call_keeps_three_fields():
+    x = np.ones((2, 3), np.float32)
+    s = np.ones(3, np.float32)
+    g = cfbn.fused_batch_norm_grad(x, x, s, s, s, activation=None, side_input=None,
+                                   data_format="NC")
+    assert type(g) is cfbn.BatchNormGrad and len(g) == 3
+    g = cfbn.fused_batch_norm_grad(x, x, s, s, s, offset=s, activation="relu", data_format="NC")
+    assert type(g) is cfbn.BatchNormGrad
+
+
+def test_errors():
+    x = np.ones((2, 3), np.float32)
+    s = np.ones(3, np.float32)
+    kw = {"data_format": "NC"}
+    with pytest.raises(ValueError, match="activation"):
+        cfbn.fused_batch_norm(x, s, s, activation="gelu", **kw)
+    with pytest.raises(ValueError, match="alpha"):
+        cfbn.fused_batch_norm(x, s, s, activation="relu", alpha=0.1, **kw)
+    with pytest.raises(ValueError, match="alpha"):
+        cfbn.fused_batch_norm(x, s, s, alpha=0.1, **kw)
+    with pytest.raises(ValueError, match="alpha"):
+        cfbn.fused_batch_norm(x, s, s, activation="elu", alpha=float("nan"), **kw)
+    with pytest.raises(TypeError, match="alpha"):
+        cfbn.fused_batch_norm(x, s, s, activation="elu", alpha="big", **kw)
+    with pytest.raises(ValueError, match="side_input"):
+        cfbn.fused_batch_norm(x, s, s, side_input=np.ones((3, 2), np.float32), **kw)
+    with pytest.raises(TypeError, match="side_input"):
+        cfbn.fused_batch_norm(x, s, s, side_input=np.ones((2, 3), np.float64), **kw)
+    with pytest.raises(ValueError, match="offset"):
+        cfbn.fused_batch_norm_grad(x, x, s, s, s, activation="relu", **kw)
+    with pytest.raises(ValueError, match="activation"):
+        cfbn.fused_batch_norm_grad(x, x, s, s, s, offset=s, activation="Relu", **kw)
+    with pytest.raises(ValueError, match="side_input_backprop"):
+        cfbn.fused_batch_norm_grad(x, x, s, s, s, out={"side_input_backprop": x.copy()}, **kw)
+    with pytest.raises(ValueError, match="4 entries"):
+        cfbn.fused_batch_norm_grad(x, x, s, s, s, side_input=x, out=(None, None, None), **kw)

@@ -1,0 +1,203 @@
+"""cfbn.BatchNorm: forward/backward against the functional calls, running
+statistics in each framework's convention, and no allocations per step."""
+import gc
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import cfbn
+from cfbn import layer as L
+from cfbn import reference
+
+
+def _batches(shape, steps, seed=0, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(shape) * rng.uniform(0.5, 2) + rng.uniform(-1, 1)).astype(dtype)
+            for _ in range(steps)]
+
+
+def _simulate(batches, axes, momentum, convention, mean0, var0):
+    """The framework's running-statistics update, by formula, in float64."""
+    new_weight, bessel = L.CONVENTIONS[convention]
+    f = momentum if new_weight else 1.0 - momentum
+    m, v = mean0.astype(np.float64), var0.astype(np.float64)
+    for x in batches:
+        xd = x.astype(np.float64)
+        n = int(np.prod([x.shape[a] for a in axes]))
+        mu = xd.mean(axis=axes)
+        var = ((xd - np.expand_dims(mu, axes)) ** 2).mean(axis=axes)
+        if bessel and n > 1:
+            var = var * n / (n - 1)
+        m = (1 - f) * m + f * mu
+        v = (1 - f) * v + f * var
+    return m, v
+
+
+@pytest.mark.parametrize("data_format,shape", [("NHWC", (4, 5, 6, 8)), ("NCHW", (4, 8, 5, 6)),
+                                               ("NC", (32, 8))])
+def test_running_statistics_tensorflow(data_format, shape):
+    bn = cfbn.BatchNorm(8, data_format=data_format, momentum=0.9)
+    batches = _batches(shape, 5, seed=1)
+    for x in batches:
+        bn.forward(x)
+    axes = reference.reduce_axes(data_format, len(shape))
+    m, v = _simulate(batches, axes, 0.9, "tensorflow", np.zeros(8), np.ones(8))
+    np.testing.assert_allclose(bn.moving_mean, m, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bn.moving_variance, v, rtol=1e-5, atol=1e-6)
+
+
+def test_running_statistics_keras_and_pytorch_by_formula():
+    shape = (4, 5, 6, 8)
+    axes = (0, 1, 2)
+    n = 4 * 5 * 6
+    batches = _batches(shape, 6, seed=2)
+    bn = cfbn.BatchNorm(8, momentum=0.8)
+    bn.moving_variance[:] = 0.0   # so that the variance conversion is exact
+    for x in batches:
+        bn(x)
+    # Keras: the same momentum, biased batch variance
+    km, kv = _simulate(batches, axes, 0.8, "keras", np.zeros(8), np.zeros(8))
+    np.testing.assert_allclose(bn.moving_mean, km, rtol=1e-5, atol=1e-6)
+    as_keras = L.convert_moving_variance(bn.moving_variance, n, "tensorflow", "keras")
+    np.testing.assert_allclose(as_keras, kv, rtol=1e-5)
+    np.testing.assert_allclose(L.convert_moving_variance(kv, n, "keras", "pytorch"),
+                               bn.moving_variance, rtol=1e-5)
+    # PyTorch: momentum 0.2 weighs the new batch, as the layer's 0.8 weighs the old value
+    p = L.momentum_from_factor(L.exponential_avg_factor(0.8, "keras"), "pytorch")
+    assert p == pytest.approx(0.2)
+    pm, pv = _simulate(batches, axes, p, "pytorch", np.zeros(8), np.zeros(8))
+    np.testing.assert_allclose(bn.moving_mean, pm, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bn.moving_variance, pv, rtol=1e-5, atol=1e-6)
+
+
+def test_conversion_helpers():
+    assert L.exponential_avg_factor(0.99) == pytest.approx(0.01)
+    assert L.exponential_avg_factor(0.99, "keras") == pytest.approx(0.01)
+    assert L.exponential_avg_factor(0.1, "pytorch") == pytest.approx(0.1)
+    assert L.momentum_from_factor(0.01, "tensorflow") == pytest.approx(0.99)
+    np.testing.assert_allclose(L.convert_moving_variance([3.0], 4, "pytorch", "keras"), [2.25])
+    np.testing.assert_allclose(L.convert_moving_variance([3.0], 1, "pytorch", "keras"), [3.0])
+    with pytest.raises(ValueError, match="source"):
+        L.convert_moving_variance([1.0], 4, "mxnet", "keras")
+    with pytest.raises(ValueError, match="momentum"):
+        L.exponential_avg_factor(1.5)
+
+
+def test_against_pytorch():
+    torch = pytest.importorskip("torch")
+    shape = (4, 8, 5, 6)
+    batches = _batches(shape, 4, seed=3)
+    bn = cfbn.BatchNorm(8, data_format="NCHW", momentum=0.9, epsilon=1e-5)
+    tb = torch.nn.BatchNorm2d(8, eps=1e-5, momentum=L.momentum_from_factor(
+        L.exponential_avg_factor(0.9), "pytorch")).double()
+    for x in batches:
+        y = bn(x)
+        ty = tb(torch.from_numpy(x.astype(np.float64)))
+        np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(bn.moving_mean, tb.running_mean.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bn.moving_variance, tb.running_var.numpy(), rtol=1e-5, atol=1e-6)
+    # gradients with a fused relu and a residual input
+    rng = np.random.default_rng(4)
+    x = batches[0]
+    side = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    bn2 = cfbn.BatchNorm(8, data_format="NCHW", epsilon=1e-5, activation="relu")
+    bn2.scale[:] = rng.uniform(0.5, 2, 8)
+    bn2.offset[:] = rng.standard_normal(8)
+    y = bn2.forward(x, side_input=side).copy()
+    dx = bn2.backward(dy)
+    tx = torch.from_numpy(x.astype(np.float64)).requires_grad_()
+    ts = torch.from_numpy(side.astype(np.float64)).requires_grad_()
+    tb2 = torch.nn.BatchNorm2d(8, eps=1e-5).double()
+    with torch.no_grad():
+        tb2.weight.copy_(torch.from_numpy(bn2.scale.astype(np.float64)))
+        tb2.bias.copy_(torch.from_numpy(bn2.offset.astype(np.float64)))
+    ty = torch.relu(tb2(tx) + ts)
+    ty.backward(torch.from_numpy(dy.astype(np.float64)))
+    np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(bn2.side_input_grad, ts.grad.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(bn2.scale_grad, tb2.weight.grad.numpy(), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(bn2.offset_grad, tb2.bias.grad.numpy(), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("activation", [None, "silu"])
+def test_forward_backward_match_functional(activation):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 4, 4, 6)).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    bn = cfbn.BatchNorm(6, activation=activation)
+    bn.scale[:] = rng.uniform(0.5, 2, 6)
+    bn.offset[:] = rng.standard_normal(6)
+    y = bn.forward(x).copy()
+    dx = bn.backward(dy).copy()
+    f = cfbn.fused_batch_norm(x, bn.scale, bn.offset, epsilon=1e-3, activation=activation)
+    g = cfbn.fused_batch_norm_grad(dy, x, bn.scale, f.reserve_space_1, f.reserve_space_2,
+                                   epsilon=1e-3, offset=bn.offset, activation=activation)
+    np.testing.assert_array_equal(y, f.y)
+    np.testing.assert_array_equal(dx, g.x_backprop)
+    np.testing.assert_array_equal(bn.scale_grad, g.scale_backprop)
+    np.testing.assert_array_equal(bn.offset_grad, g.offset_backprop)
+    assert bn.side_input_grad is None
+    # eval: the running statistics, which stay put; the gradient is the inference one
+    mm, mv = bn.moving_mean.copy(), bn.moving_variance.copy()
+    bn.eval()
+    y2 = bn(x).copy()
+    np.testing.assert_array_equal(bn.moving_mean, mm)
+    f2 = cfbn.fused_batch_norm(x, bn.scale, bn.offset, mm, mv, epsilon=1e-3, is_training=False,
+                               activation=activation)
+    np.testing.assert_array_equal(y2, f2.y)
+    dx2 = bn.backward(dy)
+    g2 = cfbn.fused_batch_norm_grad(dy, x, bn.scale, mm, mv, epsilon=1e-3, is_training=False,
+                                    offset=bn.offset, activation=activation)
+    np.testing.assert_array_equal(dx2, g2.x_backprop)
+    assert bn.train() is bn and bn.training
+    bn.forward(x, training=False)
+    np.testing.assert_array_equal(bn.moving_mean, mm)
+
+
+@pytest.mark.parametrize("side", [False, True])
+def test_training_step_allocates_nothing(side):
+    rng = np.random.default_rng(6)
+    shape = (4, 8, 8, 512)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    s = rng.standard_normal(shape).astype(np.float32) if side else None
+    bn = cfbn.BatchNorm(512, activation="relu")
+    bn.forward(x, side_input=s)
+    bn.backward(dy)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for _ in range(3):
+            bn.forward(x, side_input=s)
+            bn.backward(dy)
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    # the smallest array a step could allocate is a per-channel vector (2 KiB)
+    grown = [st for st in after.compare_to(before, "lineno") if st.size_diff >= 1024]
+    assert not grown, grown[:5]
+    peak_blocks = [st for st in after.statistics("lineno") if st.size >= 1024
+                   and "cfbn" in str(st.traceback)]
+    assert not peak_blocks, peak_blocks[:5]
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="activation"):
+        cfbn.BatchNorm(4, activation="gelu")
+    with pytest.raises(ValueError, match="data_format"):
+        cfbn.BatchNorm(4, data_format="HWC")
+    with pytest.raises(TypeError, match="dtype"):
+        cfbn.BatchNorm(4, dtype=np.int32)
+    with pytest.raises(RuntimeError, match="forward"):
+        cfbn.BatchNorm(4).backward(np.zeros((1, 1, 1, 4), np.float32))
+
+
+def test_float16_parameters_are_float32():
+    bn = cfbn.BatchNorm(3, dtype=np.float16, data_format="NC")
+    assert bn.scale.dtype == np.float32
+    y = bn(np.arange(12, dtype=np.float16).reshape(4, 3))
+    assert y.dtype == np.float16
