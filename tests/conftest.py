@@ -8,6 +8,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cfbn  # noqa: E402
+import hypothesis_profiles  # noqa: E402,F401
 from cfbn import _kernels  # noqa: E402
 
 SUPPORTED_ISAS = list(cfbn.runtime_info()["supported_isas"])

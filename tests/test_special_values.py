@@ -1,0 +1,250 @@
+"""NaN and Inf in the inputs, and epsilon 0 over a constant channel.
+
+What cfbn does with them (the behaviour these tests pin down):
+
+- A NaN or Inf in ``x``, ``scale``, ``offset``, ``dy``, or in the statistics of
+  one channel makes only that channel's outputs non-finite; every other
+  channel's outputs are bit for bit those of the same call without it.
+- Within the affected channel an output is non-finite exactly where the
+  float64 reference (the formulas of SPEC.md) is: in training a NaN in ``x``
+  reaches the channel's statistics and so all of its ``y``; in inference it
+  reaches only the ``y`` at its own position; ``scale`` and ``offset`` never
+  reach the statistics; an infinite running variance gives ``y = offset``.
+- With ``epsilon = 0`` a constant channel has ``sigma^2 = 0``, so
+  ``y = gamma * 0 / 0 + beta`` is NaN (the statistics stay finite and exact);
+  in inference with a zero variance, ``y = +-Inf`` wherever ``x != mean``.
+- None of this crashes, hangs or warns from C.
+"""
+
+import numpy as np
+import pytest
+
+import cfbn
+from cfbn import reference
+
+from _checks import make_shape, random_vectors, random_x, seed_of, vector_dtype
+
+DTYPES = [np.float32, np.float64, np.float16]
+FORMATS = ["NHWC", "NCHW", "NC", "NDHWC", "NCDHW"]
+C, K = 5, 2          # channels; the channel that gets the special value
+NAN, INF = float("nan"), float("inf")
+
+# finite results of an affected channel only need to be right, not precise:
+# precision is the other tests' business
+RTOL = {np.dtype(np.float64): 1e-9, np.dtype(np.float32): 1e-4, np.dtype(np.float16): 2e-2}
+
+
+def setup(data_format, dtype, batch=2, spatial=15):
+    shape = make_shape(data_format, batch, spatial, C)
+    rng = np.random.default_rng(seed_of("special", data_format, np.dtype(dtype).name, shape))
+    x = random_x(rng, shape, data_format, dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    return x, dy, random_vectors(rng, C, dtype)
+
+
+def axis_of(data_format, a):
+    return reference.channel_axis(data_format, a.ndim) if a.ndim > 1 else 0
+
+
+def channel(a, data_format, c):
+    a = np.asarray(a)
+    return np.take(a, c, axis=axis_of(data_format, a))
+
+
+def poke(a, data_format, c, value, where="one"):
+    """A copy of ``a`` with ``value`` at one element (or all) of channel ``c``."""
+    a = a.copy()
+    m = np.moveaxis(a, axis_of(data_format, a), 0)
+    rest = m.shape[1:]
+    if where == "one" and rest:
+        m[(c,) + np.unravel_index(int(np.prod(rest)) // 2, rest)] = value
+    else:
+        m[c] = value
+    changed = channel(a, data_format, c)
+    assert (np.isnan(changed) if value != value else changed == value).any()
+    return a
+
+
+def same_bits(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def check_channels(name, got, clean, ref, data_format, affected):
+    """Unaffected channels as in ``clean``, bit for bit; affected ones like ``ref``."""
+    got = np.asarray(got)
+    for c in range(C):
+        g = channel(got, data_format, c)
+        if c not in affected:
+            assert same_bits(g, channel(clean, data_format, c)), \
+                f"{name}: channel {c} changed by a special value in channel(s) {affected}"
+            continue
+        r = channel(ref, data_format, c).astype(np.float64)
+        g64 = g.astype(np.float64)
+        bad = np.isfinite(g64) != np.isfinite(r)
+        assert not bad.any(), (
+            f"{name}: channel {c}: {int(bad.sum())} of {r.size} elements finite in one and not "
+            f"the other; first at {np.argwhere(bad)[0]}: got {g64[bad][0]!r}, "
+            f"reference {r[bad][0]!r}")
+        fin = np.isfinite(r)
+        if fin.any():
+            scale = np.max(np.abs(r[fin])) + 1.0
+            err = np.abs(g64[fin] - r[fin])
+            assert np.all(err <= RTOL[got.dtype] * scale), \
+                f"{name}: channel {c}: finite values off by up to {err.max():.3g}"
+
+
+def forward(x, v, data_format, training, epsilon=1e-3):
+    kw = dict(epsilon=epsilon, data_format=data_format, is_training=training,
+              exponential_avg_factor=1.0 if not training else 0.5)
+    got = cfbn.fused_batch_norm(x, v["scale"], v["offset"], v["mean"], v["variance"], **kw)
+    ref = reference.fused_batch_norm(x, v["scale"], v["offset"], v["mean"], v["variance"], **kw)
+    return got, ref
+
+
+def grad(dy, x, v, mu, var, data_format, training, epsilon=1e-3):
+    kw = dict(epsilon=epsilon, data_format=data_format, is_training=training)
+    got = cfbn.fused_batch_norm_grad(dy, x, v["scale"], mu, var, **kw)
+    with np.errstate(all="ignore"):
+        ref = reference.fused_batch_norm_grad(dy, x, v["scale"], mu, var, **kw)
+    return got, ref
+
+
+# (id, input that gets the value, value, one element or the whole channel, modes)
+FORWARD_CASES = [
+    ("x-nan", "x", NAN, "one", (True, False)),
+    ("x-inf", "x", INF, "one", (True, False)),
+    ("x-neg-inf", "x", -INF, "one", (True, False)),
+    ("x-all-inf", "x", INF, "all", (True, False)),
+    ("scale-nan", "scale", NAN, "one", (True, False)),
+    ("scale-inf", "scale", INF, "one", (True, False)),
+    ("offset-nan", "offset", NAN, "one", (True, False)),
+    ("offset-inf", "offset", -INF, "one", (True, False)),
+    ("mean-nan", "mean", NAN, "one", (True, False)),
+    ("mean-inf", "mean", INF, "one", (False,)),
+    ("variance-nan", "variance", NAN, "one", (True, False)),
+    ("variance-inf", "variance", INF, "one", (False,)),
+    ("variance-negative", "variance", -4.0, "one", (False,)),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("data_format", FORMATS)
+@pytest.mark.parametrize("case", FORWARD_CASES, ids=lambda c: c[0])
+def test_forward_special_values_stay_in_their_channel(isa, case, data_format, dtype):
+    _, what, value, where, modes = case
+    x, _, v = setup(data_format, dtype)
+    for training in modes:
+        clean, _ = forward(x, v, data_format, training)
+        if what == "x":
+            x2, v2 = poke(x, data_format, K, value, where), v
+        else:
+            x2, v2 = x, dict(v, **{what: poke(v[what], data_format, K, value, where)})
+        got, ref = forward(x2, v2, data_format, training)
+        for name in cfbn.BatchNormOutput._fields:
+            check_channels(f"{name} (training={training})", getattr(got, name),
+                           getattr(clean, name), getattr(ref, name), data_format, {K})
+
+
+# (id, input that gets the value, value, modes)
+GRAD_CASES = [
+    ("dy-nan", "dy", NAN),
+    ("dy-inf", "dy", INF),
+    ("x-nan", "x", NAN),
+    ("x-inf", "x", -INF),
+    ("scale-nan", "scale", NAN),
+    ("scale-inf", "scale", INF),
+    ("mean-nan", "mu", NAN),
+    ("variance-nan", "var", NAN),
+    ("variance-inf", "var", INF),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("data_format", FORMATS)
+@pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: c[0])
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+def test_grad_special_values_stay_in_their_channel(isa, case, data_format, dtype, training):
+    _, what, value = case
+    x, dy, v = setup(data_format, dtype)
+    fwd = cfbn.fused_batch_norm(x, v["scale"], v["offset"], epsilon=1e-3, data_format=data_format)
+    mu, var = (fwd.reserve_space_1, fwd.reserve_space_2) if training else (v["mean"], v["variance"])
+    clean, _ = grad(dy, x, v, mu, var, data_format, training)
+    args = dict(dy=dy, x=x, v=v, mu=mu, var=var)
+    if what in ("dy", "x", "mu", "var"):
+        args[what] = poke(args[what], data_format, K, value)
+    else:
+        args["v"] = dict(v, **{what: poke(v[what], data_format, K, value)})
+    got, ref = grad(args["dy"], args["x"], args["v"], args["mu"], args["var"], data_format,
+                    training)
+    for name in cfbn.BatchNormGrad._fields:
+        check_channels(name, getattr(got, name), getattr(clean, name), getattr(ref, name),
+                       data_format, {K})
+
+
+# ---- epsilon 0 ----
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("data_format", FORMATS)
+def test_epsilon_zero_constant_channel_training(isa, data_format, dtype):
+    """sigma^2 = 0 exactly, so y = gamma * 0/0 + beta = NaN in that channel only."""
+    x, dy, v = setup(data_format, dtype)
+    level = np.asarray(0.3, dtype).item()       # not a power of two: the mean must be exact anyway
+    x = poke(x, data_format, K, level, "all")
+    got = cfbn.fused_batch_norm(x, v["scale"], v["offset"], epsilon=0.0, data_format=data_format)
+    vdt = vector_dtype(dtype)
+    assert got.reserve_space_1[K] == np.asarray(level, vdt)
+    assert got.reserve_space_2[K] == 0 and got.batch_variance[K] == 0
+    assert np.isnan(channel(got.y, data_format, K)).all()
+    others = [c for c in range(C) if c != K]
+    for c in others:
+        assert np.isfinite(channel(got.y, data_format, c)).all()
+        assert got.reserve_space_2[c] > 0
+
+    g = cfbn.fused_batch_norm_grad(dy, x, v["scale"], got.reserve_space_1, got.reserve_space_2,
+                                   epsilon=0.0, data_format=data_format)
+    # r = 1/sqrt(0) = Inf and x_hat = 0 * Inf: NaN wherever x_hat enters
+    assert np.isnan(channel(g.x_backprop, data_format, K)).all()
+    assert np.isnan(g.scale_backprop[K])
+    want = channel(dy, data_format, K).astype(np.float64).sum()
+    assert abs(float(g.offset_backprop[K]) - want) <= RTOL[np.dtype(dtype)] * (1 + abs(want)) * 10
+    for c in others:
+        assert np.isfinite(channel(g.x_backprop, data_format, c)).all()
+    assert np.isfinite(np.delete(g.scale_backprop, K)).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("data_format", FORMATS)
+def test_epsilon_zero_one_element_per_channel(isa, data_format, dtype):
+    """n = 1: every channel is constant; every y is NaN, nothing crashes."""
+    x, dy, v = setup(data_format, dtype, batch=1, spatial=1)
+    got = cfbn.fused_batch_norm(x, v["scale"], v["offset"], epsilon=0.0, data_format=data_format)
+    assert np.isnan(got.y).all()
+    assert np.array_equal(got.reserve_space_1, x.reshape(-1).astype(got.reserve_space_1.dtype))
+    assert (got.reserve_space_2 == 0).all() and (got.batch_variance == 0).all()
+    g = cfbn.fused_batch_norm_grad(dy, x, v["scale"], got.reserve_space_1, got.reserve_space_2,
+                                   epsilon=0.0, data_format=data_format)
+    assert np.isnan(g.x_backprop).all() and np.isnan(g.scale_backprop).all()
+    assert np.array_equal(g.offset_backprop, dy.reshape(-1).astype(g.offset_backprop.dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("data_format", FORMATS)
+def test_epsilon_zero_zero_variance_inference(isa, data_format, dtype):
+    """Inference with variance 0: y = gamma * (x - mean) / 0 + beta = +-Inf, NaN where x = mean."""
+    x, dy, v = setup(data_format, dtype)
+    variance = poke(v["variance"], data_format, K, 0.0)
+    mean = v["mean"].copy()
+    mean[K] = np.asarray(mean[K], dtype)          # representable in x's dtype
+    x = poke(x, data_format, K, mean[K])          # one element equal to the mean
+    got = cfbn.fused_batch_norm(x, v["scale"], v["offset"], mean, variance, epsilon=0.0,
+                                data_format=data_format, is_training=False)
+    d = channel(x, data_format, K).astype(np.float64) - float(mean[K])
+    with np.errstate(invalid="ignore"):
+        want = np.where(d == 0, np.nan, np.sign(d) * np.sign(float(v["scale"][K])) * np.inf)
+    y = channel(got.y, data_format, K).astype(np.float64)
+    assert np.array_equal(np.isnan(y), np.isnan(want))
+    assert np.array_equal(y[~np.isnan(want)], want[~np.isnan(want)])
+    for c in range(C):
+        if c != K:
+            assert np.isfinite(channel(got.y, data_format, c)).all()
