@@ -321,9 +321,122 @@ INLINE void stats_run_ps(const void *x, int64_t n, double shift, double *acc, in
     acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
 }
 
+/* ---- rows whose width is a multiple of 8: blocks of 8 rows summed in float ----
+ * Row-major over blocks of 8 consecutive rows (one contiguous stretch of
+ * memory): each column's 8 values are summed pairwise in float, which bounds
+ * the error by three roundings of the block's magnitude, and block sums are
+ * added in double.  The float differences are taken from the shift rounded to
+ * float; the rounding is put back exactly in double at the end, so the sums
+ * are those of x - shift.  The driver picks a shift near the channel's mean,
+ * which keeps the squares small and the variance free of cancellation. */
+
+INLINE __m256 tree8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7)
+{
+    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                         _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+}
+
+/* sum of squares of 8 vectors, pairwise */
+INLINE __m256 sq_tree8(__m256 d0, __m256 d1, __m256 d2, __m256 d3, __m256 d4, __m256 d5, __m256 d6, __m256 d7)
+{
+    __m256 q01 = _mm256_fmadd_ps(d1, d1, _mm256_mul_ps(d0, d0));
+    __m256 q23 = _mm256_fmadd_ps(d3, d3, _mm256_mul_ps(d2, d2));
+    __m256 q45 = _mm256_fmadd_ps(d5, d5, _mm256_mul_ps(d4, d4));
+    __m256 q67 = _mm256_fmadd_ps(d7, d7, _mm256_mul_ps(d6, d6));
+    return _mm256_add_ps(_mm256_add_ps(q01, q23), _mm256_add_ps(q45, q67));
+}
+
+/* sum of products of 8 vector pairs, pairwise */
+INLINE __m256 dot_tree8(const __m256 *g, const __m256 *d)
+{
+    __m256 p01 = _mm256_fmadd_ps(g[1], d[1], _mm256_mul_ps(g[0], d[0]));
+    __m256 p23 = _mm256_fmadd_ps(g[3], d[3], _mm256_mul_ps(g[2], d[2]));
+    __m256 p45 = _mm256_fmadd_ps(g[5], d[5], _mm256_mul_ps(g[4], d[4]));
+    __m256 p67 = _mm256_fmadd_ps(g[7], d[7], _mm256_mul_ps(g[6], d[6]));
+    return _mm256_add_ps(_mm256_add_ps(p01, p23), _mm256_add_ps(p45, p67));
+}
+
+INLINE void add_ps_to_pd(double *a, __m256 v)
+{
+    _mm256_storeu_pd(a, _mm256_add_pd(_mm256_loadu_pd(a), lo_pd(v)));
+    _mm256_storeu_pd(a + 4, _mm256_add_pd(_mm256_loadu_pd(a + 4), hi_pd(v)));
+}
+
+INLINE __m256 shift_ps(const double *shift)
+{
+    return _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(shift + 4)), _mm256_cvtpd_ps(_mm256_loadu_pd(shift)));
+}
+
+INLINE void stats_rows8_ps(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int half)
+{
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < w; j += 8) {
+            __m256 k = shift_ps(shift + j);
+            __m256 d0 = _mm256_sub_ps(ld8(x, o + j, half), k), d1 = _mm256_sub_ps(ld8(x, o + w + j, half), k);
+            __m256 d2 = _mm256_sub_ps(ld8(x, o + 2 * w + j, half), k), d3 = _mm256_sub_ps(ld8(x, o + 3 * w + j, half), k);
+            __m256 d4 = _mm256_sub_ps(ld8(x, o + 4 * w + j, half), k), d5 = _mm256_sub_ps(ld8(x, o + 5 * w + j, half), k);
+            __m256 d6 = _mm256_sub_ps(ld8(x, o + 6 * w + j, half), k), d7 = _mm256_sub_ps(ld8(x, o + 7 * w + j, half), k);
+            add_ps_to_pd(acc + j, tree8(d0, d1, d2, d3, d4, d5, d6, d7));
+            add_ps_to_pd(acc + w + j, sq_tree8(d0, d1, d2, d3, d4, d5, d6, d7));
+        }
+    }
+    for (; r < rows; r++) {
+        for (int64_t j = 0; j < w; j += 8) {
+            __m256 d = _mm256_sub_ps(ld8(x, r * w + j, half), shift_ps(shift + j));
+            add_ps_to_pd(acc + j, d);
+            add_ps_to_pd(acc + w + j, _mm256_mul_ps(d, d));
+        }
+    }
+    /* from sums of (x - k) to sums of (x - shift): with e = k - shift,
+     * sum(d + e) = s1 + n e and sum((d + e)^2) = s2 + 2 e s1 + n e^2 */
+    const double n = (double)rows;
+    for (int64_t j = 0; j < w; j++) {
+        double e = (double)(float)shift[j] - shift[j];
+        if (e != 0.0) {
+            acc[w + j] += e * (2.0 * acc[j] + n * e);
+            acc[j] += n * e;
+        }
+    }
+}
+
+INLINE void gstats_rows8_ps(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                            double *acc, int half)
+{
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < w; j += 8) {
+            __m256 m = _mm256_loadu_ps(p->mhi + j), l = _mm256_loadu_ps(p->mlo + j);
+            __m256 g[8], d[8];
+            for (int k = 0; k < 8; k++) {
+                g[k] = ld8(dy, o + k * w + j, half);
+                d[k] = centered_ps(ld8(x, o + k * w + j, half), m, l);
+            }
+            add_ps_to_pd(acc + j, tree8(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]));
+            add_ps_to_pd(acc + w + j, dot_tree8(g, d));
+        }
+    }
+    for (; r < rows; r++) {
+        for (int64_t j = 0; j < w; j += 8) {
+            __m256 g = ld8(dy, r * w + j, half);
+            __m256 d = centered_ps(ld8(x, r * w + j, half), _mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j));
+            add_ps_to_pd(acc + j, g);
+            add_ps_to_pd(acc + w + j, _mm256_mul_ps(g, d));
+        }
+    }
+}
+
 INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int half)
 {
     if (w <= 0) return;
+    if (w % 8 == 0 && w > 16) {
+        stats_rows8_ps(x, rows, w, shift, acc, half);
+        return;
+    }
     if (16 % w == 0) {
         double t[16], s1[16], s2[16];
         for (int l = 0; l < 16; l++) t[l] = shift[l % w];
@@ -407,7 +520,26 @@ INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const
         ta = _mm256_maskload_ps(p->alpha + full, mk);
         tb = _mm256_maskload_ps(p->beta + full, mk);
     }
-    for (int64_t r = 0; r < rows; r++) {
+    int64_t r = 0;
+    /* two rows per parameter load: the four parameter streams, not x, would
+     * otherwise take most of the load slots */
+    for (; r + 2 <= rows; r += 2) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += 8) {
+            __m256 m = _mm256_loadu_ps(p->mhi + j), l = _mm256_loadu_ps(p->mlo + j);
+            __m256 a = _mm256_loadu_ps(p->alpha + j), b = _mm256_loadu_ps(p->beta + j);
+            __m256 v0 = ld8(x, o + j, half), v1 = ld8(x, o + w + j, half);
+            st8(y, o + j, apply_ps(v0, m, l, a, b), half);
+            st8(y, o + w + j, apply_ps(v1, m, l, a, b), half);
+        }
+        if (cnt) {
+            __m256 v0 = ld_part(x, o + full, cnt, n - o - full, half);
+            __m256 v1 = ld_part(x, o + w + full, cnt, n - o - w - full, half);
+            st_part(y, o + full, apply_ps(v0, tm, tl, ta, tb), cnt, half);
+            st_part(y, o + w + full, apply_ps(v1, tm, tl, ta, tb), cnt, half);
+        }
+    }
+    for (; r < rows; r++) {
         const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 8) {
             __m256 v = apply_ps(ld8(x, o + j, half), _mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j),
@@ -435,6 +567,10 @@ INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t 
                            double *acc, int half)
 {
     if (w <= 0) return;
+    if (w % 8 == 0 && w > 16) {
+        gstats_rows8_ps(dy, x, rows, w, p, acc, half);
+        return;
+    }
     if (16 % w == 0) {
         __m256 q[4];
         double s1[16], s2[16];
@@ -522,7 +658,25 @@ INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows
         tb = _mm256_maskload_ps(p->b + full, mk);
         tc = _mm256_maskload_ps(p->c + full, mk);
     }
-    for (int64_t r = 0; r < rows; r++) {
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += 8) {
+            __m256 m = _mm256_loadu_ps(p->mhi + j), l = _mm256_loadu_ps(p->mlo + j);
+            __m256 a = _mm256_loadu_ps(p->a + j), b = _mm256_loadu_ps(p->b + j), c = _mm256_loadu_ps(p->c + j);
+            __m256 g0 = ld8(dy, o + j, half), v0 = ld8(x, o + j, half);
+            __m256 g1 = ld8(dy, o + w + j, half), v1 = ld8(x, o + w + j, half);
+            st8(dx, o + j, gapply_ps(g0, v0, m, l, a, b, c), half);
+            st8(dx, o + w + j, gapply_ps(g1, v1, m, l, a, b, c), half);
+        }
+        for (int64_t k = 0; k < 2 && cnt; k++) {
+            const int64_t q = o + k * w + full;
+            __m256 g = ld_part(dy, q, cnt, n - q, half);
+            __m256 v = ld_part(x, q, cnt, n - q, half);
+            st_part(dx, q, gapply_ps(g, v, tm, tl, ta, tb, tc), cnt, half);
+        }
+    }
+    for (; r < rows; r++) {
         const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 8) {
             __m256 v = gapply_ps(ld8(dy, o + j, half), ld8(x, o + j, half), _mm256_loadu_ps(p->mhi + j),

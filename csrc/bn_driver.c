@@ -25,6 +25,8 @@
 #define FIRST_MIN_TASKS 32
 /* ... but never pieces smaller than this. */
 #define FIRST_MIN_PIECE 4096
+/* Smallest stretch of memory an elementwise channels-first task gets. */
+#define FLAT_PIECE_ELEMS 16384
 /* Widest row the channels-last kernels are handed when C is widened. */
 #define MAX_TILED_WIDTH 1024
 /* Outputs at least this large are written with non-temporal stores: they
@@ -331,42 +333,61 @@ static const void *at_elem(const void *base, int dtype, int64_t i)
     return base ? (const char *)base + (size_t)i * elem_size(dtype) : NULL;
 }
 
+/* Channels-first: the pass over len contiguous elements of channel c
+ * starting at element off.  Reductions write their two sums to part. */
+static void first_stretch(const pass *ps, const double *shift, int64_t c, int64_t off, int64_t len,
+                          double *part)
+{
+    int dt = ps->p->dtype;
+    switch (ps->kind) {
+    case PASS_STATS:
+        call_stats_run(ps->k, dt, at_elem(ps->a, dt, off), len, shift[c], part);
+        break;
+    case PASS_APPLY:
+        call_apply(ps->k, ps->pp, c, at_elem(ps->a, dt, off), (void *)at_elem(ps->out, dt, off), len, 1, 1,
+                   at_elem(ps->side, dt, off));
+        break;
+    case PASS_GSTATS:
+        call_gstats(ps->k, ps->pp, c, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off), len, 1, 1, part,
+                    at_elem(ps->side, dt, off));
+        break;
+    case PASS_GAPPLY:
+        call_gapply(ps->k, ps->pp, c, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off),
+                    (void *)at_elem(ps->out, dt, off), len, 1, 1, at_elem(ps->side, dt, off),
+                    (void *)at_elem(ps->side_grad, dt, off));
+        break;
+    }
+}
+
 /* Channels-first: run the pass over piece g of channel c.  For reductions,
  * the sub-run sums are added in order into acc[0..2). */
 static void first_piece(const pass *ps, const double *shift, int64_t c, int64_t g, double *acc)
 {
     const plan *p = ps->p;
-    int dt = p->dtype;
     int64_t lo, hi;
     piece_bounds(p, g, &lo, &hi);
     acc[0] = acc[1] = 0.0;
     for (int64_t pos = lo; pos < hi;) {
         int64_t n = pos / p->S, i = pos - n * p->S;
         int64_t len = p->S - i < hi - pos ? p->S - i : hi - pos;
-        int64_t off = (n * p->C + c) * p->S + i;
-        double part[2];
-        switch (ps->kind) {
-        case PASS_STATS:
-            call_stats_run(ps->k, dt, at_elem(ps->a, dt, off), len, shift[c], part);
-            acc[0] += part[0];
-            acc[1] += part[1];
-            break;
-        case PASS_APPLY:
-            call_apply(ps->k, ps->pp, c, at_elem(ps->a, dt, off), (void *)at_elem(ps->out, dt, off), len, 1, 1,
-                       at_elem(ps->side, dt, off));
-            break;
-        case PASS_GSTATS:
-            call_gstats(ps->k, ps->pp, c, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off), len, 1, 1, part,
-                        at_elem(ps->side, dt, off));
-            acc[0] += part[0];
-            acc[1] += part[1];
-            break;
-        case PASS_GAPPLY:
-            call_gapply(ps->k, ps->pp, c, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off),
-                        (void *)at_elem(ps->out, dt, off), len, 1, 1, at_elem(ps->side, dt, off),
-                        (void *)at_elem(ps->side_grad, dt, off));
-            break;
-        }
+        double part[2] = { 0.0, 0.0 };
+        first_stretch(ps, shift, c, (n * p->C + c) * p->S + i, len, part);
+        acc[0] += part[0];
+        acc[1] += part[1];
+        pos += len;
+    }
+}
+
+/* Channels-first, elementwise passes: elements [lo, hi) in memory order,
+ * plane by plane.  Long sequential streams suit the prefetchers, where a
+ * channel-major walk jumps between planes C*S elements apart. */
+static void first_flat(const pass *ps, int64_t lo, int64_t hi)
+{
+    const plan *p = ps->p;
+    for (int64_t pos = lo; pos < hi;) {
+        int64_t plane = pos / p->S, i = pos - plane * p->S;
+        int64_t len = p->S - i < hi - pos ? p->S - i : hi - pos;
+        first_stretch(ps, NULL, plane % p->C, pos, len, NULL);
         pos += len;
     }
 }
@@ -432,6 +453,17 @@ static void last_task(void *ctx, int64_t q)
     last_piece(pt->ps, pt->shift, q, pt->part ? pt->part + 2 * pt->ps->p->W * q : NULL);
 }
 
+typedef struct {
+    const pass *ps;
+    int64_t total, tasks;
+} flat_task;
+
+static void first_flat_task(void *ctx, int64_t t)
+{
+    const flat_task *ft = ctx;
+    first_flat(ft->ps, ft->total * t / ft->tasks, ft->total * (t + 1) / ft->tasks);
+}
+
 /* Run one pass over the whole tensor.  For reductions, sums[2*c] and
  * sums[2*c+1] receive the channel's two sums.  Returns -1 on allocation
  * failure. */
@@ -441,8 +473,18 @@ static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
     int64_t C = p->C;
     int red = is_reduction(ps->kind);
     pass_task pt = { ps, shift, NULL };
+    if (p->layout == CFBN_CHANNELS_FIRST && !red) {
+        /* elementwise: equal stretches of memory, one or more per thread */
+        int64_t total = p->N * C * p->S;
+        int64_t tasks = total / FLAT_PIECE_ELEMS;
+        if (tasks > 4 * (int64_t)nt) tasks = 4 * (int64_t)nt;
+        if (tasks < 1) tasks = 1;
+        flat_task ft = { ps, total, tasks };
+        parallel_for(nt, tasks, first_flat_task, &ft);
+        return 0;
+    }
     if (p->layout == CFBN_CHANNELS_FIRST) {
-        /* channels-first: tasks are (channel, piece) */
+        /* channels-first reductions: tasks are (channel, piece) */
         int64_t tasks = C * p->G;
         if (red) {
             pt.part = malloc((size_t)(tasks > 0 ? tasks : 1) * 2 * sizeof(double));
@@ -524,16 +566,32 @@ static int64_t param_len(const plan *p, int layout)
     return layout == CFBN_CHANNELS_FIRST ? p->C : (p->W > p->C ? p->W : p->C);
 }
 
-/* The shift for channel c's statistics: its first element. */
+/* Elements a channel's shift is estimated from. */
+#define SHIFT_SAMPLE 32
+
+/* The shift for channel c's statistics: the mean of its first few elements
+ * (a whole leading row block of a channels-last tensor, the start of the
+ * first plane of a channels-first one), rounded to the compute type.  Sums
+ * of x - shift then stay small, so the variance, taken as a difference of
+ * sums, loses nothing to cancellation, and the SIMD kernels can form x - shift
+ * exactly in float when |mean| >> std.  The estimate depends only on the data
+ * and the shape. */
 static double *make_shift(const plan *p, const cfbn_shape *s, const void *x)
 {
     int64_t len = param_len(p, s->layout);
     double *shift = malloc((size_t)(len > 0 ? len : 1) * sizeof(double));
     if (!shift) return NULL;
+    int first = s->layout == CFBN_CHANNELS_FIRST;
+    int64_t k = first ? (p->S < SHIFT_SAMPLE ? p->S : SHIFT_SAMPLE)
+                      : (s->outer < SHIFT_SAMPLE ? s->outer : SHIFT_SAMPLE);
     for (int64_t c = 0; c < p->C; c++) {
-        if (p->n == 0) shift[c] = 0.0;
-        else if (s->layout == CFBN_CHANNELS_FIRST) shift[c] = elem_get(x, p->dtype, c * p->S);
-        else shift[c] = elem_get(x, p->dtype, c);
+        double sum = 0.0;
+        for (int64_t i = 0; i < k && p->n > 0; i++)
+            sum += elem_get(x, p->dtype, first ? c * p->S + i : i * p->C + c);
+        double m = k > 0 && p->n > 0 ? sum / (double)k : 0.0;
+        /* a non-finite sample leaves the channel's sums non-finite anyway */
+        if (!isfinite(m)) m = 0.0;
+        shift[c] = p->dtype == CFBN_F64 ? m : (double)(float)m;
     }
     if (p->C > 0) repeat_block((char *)shift, sizeof(double), p->C, len);
     return shift;
