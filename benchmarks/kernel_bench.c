@@ -25,9 +25,9 @@ static double bench(const cfbn_kernels *k, int what, float *x, float *dy, float 
     float cols[256];
     double shifts[256];
     for (int j = 0; j < 256; j++) cols[j] = 1.0f, shifts[j] = 0.25;
-    cfbn_apply_f32 ap = {&b, &mlo, &one, &zero};
-    cfbn_apply_f32 apr = {cols, cols, cols, cols};
-    cfbn_grad_f32 gp = {&b, &mlo, &one, &b, &zero};
+    cfbn_apply_f32 ap = {&b, &mlo, &one, &zero, 0, 0, 0.0f, NULL, 0, 0};
+    cfbn_apply_f32 apr = {cols, cols, cols, cols, 0, 0, 0.0f, NULL, 0, 0};
+    cfbn_grad_f32 gp = {&b, &mlo, &one, &b, &zero, 0, 0, 0.0f, NULL, NULL, NULL, NULL, 0, 0};
     double acc[512];
     double best = 1e30, bytes = 0;
     for (int r = 0; r < reps; r++) {

@@ -13,6 +13,7 @@
  * by max/min/blend; elu, sigmoid, tanh and silu through exp_ps, a Cephes-style
  * expf; float64 tensors use bn_act.h's libm formulas. */
 #include "cfbn.h"
+#include "bn_runs.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
@@ -996,8 +997,48 @@ static void stats_rows_f32(const float *x, int64_t rows, int64_t w, const double
     stats_rows_ps(x, rows, w, shift, acc, 0);
 }
 
+/* Several runs of one channel (cfbn.h: runs, stride) in one call, without the
+ * fused or streaming variants: parameters broadcast once, and the gradient
+ * sums stay in vector registers across runs, added up once at the end. */
+static void apply_runs_f32(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
+{
+    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
+    __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]);
+    const __m256 q[8] = {m, l, a, b, m, l, a, b};
+    for (int64_t k = 0; k < p->runs; k++) apply_flat_ps(x + k * p->stride, y + k * p->stride, n, q, 0);
+}
+
+static void gstats_runs_f32(const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+{
+    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
+    const __m256 q[4] = {m, l, m, l};
+    __m256d s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd();
+    for (int64_t k = 0; k < p->runs; k++) {
+        acc8 a, b;
+        gstats_flat_ps(dy + k * p->stride, x + k * p->stride, n, q, 0, &a, &b);
+        s1 = _mm256_add_pd(s1, _mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
+        s2 = _mm256_add_pd(s2, _mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
+    }
+    acc[0] = hsum_pd(s1);
+    acc[1] = hsum_pd(s2);
+}
+
+static void gapply_runs_f32(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
+{
+    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
+    __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
+    const __m256 q[10] = {m, l, a, b, c, m, l, a, b, c};
+    for (int64_t k = 0; k < p->runs; k++)
+        gapply_flat_ps(dy + k * p->stride, x + k * p->stride, dx + k * p->stride, n, q, 0);
+}
+
 static void apply_run_f32(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
 {
+    if (p->runs > 1 && !p->stream && !fuse_apply_on_f32(p)) {
+        apply_runs_f32(x, y, n, p);
+        return;
+    }
+    if (runs_apply_f32(apply_run_f32, x, y, n, p)) return;
     if (fuse_apply_on_f32(p)) {
         fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 0);
         return;
@@ -1018,6 +1059,11 @@ static void apply_rows_f32(const float *x, float *y, int64_t rows, int64_t w, co
 
 static void gstats_run_f32(const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
 {
+    if (p->runs > 1 && !fuse_gstats_on_f32(p)) {
+        gstats_runs_f32(dy, x, n, p, acc);
+        return;
+    }
+    if (runs_gstats_f32(gstats_run_f32, dy, x, n, p, acc)) return;
     if (fuse_gstats_on_f32(p)) {
         fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 0);
         return;
@@ -1036,6 +1082,11 @@ static void gstats_rows_f32(const float *dy, const float *x, int64_t rows, int64
 
 static void gapply_run_f32(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
 {
+    if (p->runs > 1 && !p->stream && !fuse_gapply_on_f32(p)) {
+        gapply_runs_f32(dy, x, dx, n, p);
+        return;
+    }
+    if (runs_gapply_f32(gapply_run_f32, dy, x, dx, n, p)) return;
     if (fuse_gapply_on_f32(p)) {
         fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 0);
         return;
@@ -1068,6 +1119,7 @@ static void stats_rows_f16(const uint16_t *x, int64_t rows, int64_t w, const dou
 
 static void apply_run_f16(const uint16_t *x, uint16_t *y, int64_t n, const cfbn_apply_f32 *p)
 {
+    if (runs_apply_f16(apply_run_f16, x, y, n, p)) return;
     if (fuse_apply_on_f32(p)) {
         fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 1);
         return;
@@ -1086,6 +1138,7 @@ static void apply_rows_f16(const uint16_t *x, uint16_t *y, int64_t rows, int64_t
 
 static void gstats_run_f16(const uint16_t *dy, const uint16_t *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
 {
+    if (runs_gstats_f16(gstats_run_f16, dy, x, n, p, acc)) return;
     if (fuse_gstats_on_f32(p)) {
         fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 1);
         return;
@@ -1105,6 +1158,7 @@ static void gstats_rows_f16(const uint16_t *dy, const uint16_t *x, int64_t rows,
 
 static void gapply_run_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t n, const cfbn_grad_f32 *p)
 {
+    if (runs_gapply_f16(gapply_run_f16, dy, x, dx, n, p)) return;
     if (fuse_gapply_on_f32(p)) {
         fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 1);
         return;
@@ -1354,6 +1408,7 @@ static void stats_rows_f64(const double *x, int64_t rows, int64_t w, const doubl
 
 static void apply_run_f64(const double *x, double *y, int64_t n, const cfbn_apply_f64 *p)
 {
+    if (runs_apply_f64(apply_run_f64, x, y, n, p)) return;
     if (fuse_apply_on_f64(p)) {
         fuse_apply_f64(&ops_f64, x, y, 1, n, 1, p);
         return;
@@ -1402,6 +1457,7 @@ static void apply_rows_f64(const double *x, double *y, int64_t rows, int64_t w, 
 
 static void gstats_run_f64(const double *dy, const double *x, int64_t n, const cfbn_grad_f64 *p, double *acc)
 {
+    if (runs_gstats_f64(gstats_run_f64, dy, x, n, p, acc)) return;
     if (fuse_gstats_on_f64(p)) {
         fuse_gstats_f64(&ops_f64, dy, x, 1, n, 1, p, acc);
         return;
@@ -1481,6 +1537,7 @@ static void gstats_rows_f64(const double *dy, const double *x, int64_t rows, int
 
 static void gapply_run_f64(const double *dy, const double *x, double *dx, int64_t n, const cfbn_grad_f64 *p)
 {
+    if (runs_gapply_f64(gapply_run_f64, dy, x, dx, n, p)) return;
     if (fuse_gapply_on_f64(p)) {
         fuse_gapply_f64(&ops_f64, dy, x, dx, 1, n, 1, p);
         return;

@@ -25,6 +25,11 @@
 #define FIRST_MIN_TASKS 32
 /* ... but never pieces smaller than this. */
 #define FIRST_MIN_PIECE 4096
+/* Elementwise channels-first passes walk memory in order when a plane has
+ * at least this many elements; smaller planes go channel by channel, all of
+ * a channel's planes in one kernel call, since a call per small plane costs
+ * more than the prefetch-friendly order saves. */
+#define FLAT_MIN_PLANE 128
 /* Smallest stretch of memory an elementwise channels-first task gets. */
 #define FLAT_PIECE_ELEMS 16384
 /* Widest row the channels-last kernels are handed when C is widened. */
@@ -240,19 +245,19 @@ static void call_stats_rows(const cfbn_kernels *k, int dt, const void *x, int64_
 
 /* apply over a run (at = channel index) or over rows (at = 0, arrays of w). */
 static void call_apply(const cfbn_kernels *k, const params *pp, int64_t at, const void *x, void *y,
-                       int64_t rows, int64_t w, int is_run, const void *side)
+                       int64_t rows, int64_t w, int is_run, const void *side, int64_t runs, int64_t stride)
 {
     int64_t L = pp->len;
     if (pp->d) {
         const double *d = pp->d + at;
         cfbn_apply_f64 a = { d + P_MHI * L, d + P_MLO * L, d + P_ALPHA * L, d + P_BETA * L, pp->stream,
-                             pp->act, pp->act_alpha, side };
+                             pp->act, pp->act_alpha, side, runs, stride };
         if (is_run) k->apply_run_f64(x, y, rows, &a);
         else k->apply_rows_f64(x, y, rows, w, &a);
     } else {
         const float *f = pp->f + at;
         cfbn_apply_f32 a = { f + P_MHI * L, f + P_MLO * L, f + P_ALPHA * L, f + P_BETA * L, pp->stream,
-                             pp->act, (float)pp->act_alpha, side };
+                             pp->act, (float)pp->act_alpha, side, runs, stride };
         if (pp->dtype == CFBN_F16) {
             if (is_run) k->apply_run_f16(x, y, rows, &a);
             else k->apply_rows_f16(x, y, rows, w, &a);
@@ -264,19 +269,21 @@ static void call_apply(const cfbn_kernels *k, const params *pp, int64_t at, cons
 }
 
 static void call_gstats(const cfbn_kernels *k, const params *pp, int64_t at, const void *dy, const void *x,
-                        int64_t rows, int64_t w, int is_run, double *acc, const void *side)
+                        int64_t rows, int64_t w, int is_run, double *acc, const void *side, int64_t runs,
+                        int64_t stride)
 {
     int64_t L = pp->len;
     if (pp->d) {
         const double *d = pp->d + at;
         cfbn_grad_f64 g = { d + G_MHI * L, d + G_MLO * L, d + G_A * L, d + G_B * L, d + G_C * L, pp->stream,
-                            pp->act, pp->act_alpha, d + G_YA * L, d + G_YB * L, side, NULL };
+                            pp->act, pp->act_alpha, d + G_YA * L, d + G_YB * L, side, NULL, runs, stride };
         if (is_run) k->gstats_run_f64(dy, x, rows, &g, acc);
         else k->gstats_rows_f64(dy, x, rows, w, &g, acc);
     } else {
         const float *f = pp->f + at;
         cfbn_grad_f32 g = { f + G_MHI * L, f + G_MLO * L, f + G_A * L, f + G_B * L, f + G_C * L, pp->stream,
-                            pp->act, (float)pp->act_alpha, f + G_YA * L, f + G_YB * L, side, NULL };
+                            pp->act, (float)pp->act_alpha, f + G_YA * L, f + G_YB * L, side, NULL, runs,
+                            stride };
         if (pp->dtype == CFBN_F16) {
             if (is_run) k->gstats_run_f16(dy, x, rows, &g, acc);
             else k->gstats_rows_f16(dy, x, rows, w, &g, acc);
@@ -288,19 +295,22 @@ static void call_gstats(const cfbn_kernels *k, const params *pp, int64_t at, con
 }
 
 static void call_gapply(const cfbn_kernels *k, const params *pp, int64_t at, const void *dy, const void *x,
-                        void *dx, int64_t rows, int64_t w, int is_run, const void *side, void *side_grad)
+                        void *dx, int64_t rows, int64_t w, int is_run, const void *side, void *side_grad,
+                        int64_t runs, int64_t stride)
 {
     int64_t L = pp->len;
     if (pp->d) {
         const double *d = pp->d + at;
         cfbn_grad_f64 g = { d + G_MHI * L, d + G_MLO * L, d + G_A * L, d + G_B * L, d + G_C * L, pp->stream,
-                            pp->act, pp->act_alpha, d + G_YA * L, d + G_YB * L, side, side_grad };
+                            pp->act, pp->act_alpha, d + G_YA * L, d + G_YB * L, side, side_grad, runs,
+                            stride };
         if (is_run) k->gapply_run_f64(dy, x, dx, rows, &g);
         else k->gapply_rows_f64(dy, x, dx, rows, w, &g);
     } else {
         const float *f = pp->f + at;
         cfbn_grad_f32 g = { f + G_MHI * L, f + G_MLO * L, f + G_A * L, f + G_B * L, f + G_C * L, pp->stream,
-                            pp->act, (float)pp->act_alpha, f + G_YA * L, f + G_YB * L, side, side_grad };
+                            pp->act, (float)pp->act_alpha, f + G_YA * L, f + G_YB * L, side, side_grad, runs,
+                            stride };
         if (pp->dtype == CFBN_F16) {
             if (is_run) k->gapply_run_f16(dy, x, dx, rows, &g);
             else k->gapply_rows_f16(dy, x, dx, rows, w, &g);
@@ -333,28 +343,38 @@ static const void *at_elem(const void *base, int dtype, int64_t i)
     return base ? (const char *)base + (size_t)i * elem_size(dtype) : NULL;
 }
 
-/* Channels-first: the pass over len contiguous elements of channel c
- * starting at element off.  Reductions write their two sums to part. */
+/* Channels-first: the pass over `runs` runs of len contiguous elements of
+ * channel c, the first at element off and the others one sample (C*S
+ * elements) apart.  Reductions write their two sums to part. */
 static void first_stretch(const pass *ps, const double *shift, int64_t c, int64_t off, int64_t len,
-                          double *part)
+                          int64_t runs, double *part)
 {
-    int dt = ps->p->dtype;
+    const plan *p = ps->p;
+    int dt = p->dtype;
+    int64_t stride = p->C * p->S;
     switch (ps->kind) {
     case PASS_STATS:
-        call_stats_run(ps->k, dt, at_elem(ps->a, dt, off), len, shift[c], part);
+        /* the statistics kernels take one run at a time */
+        part[0] = part[1] = 0.0;
+        for (int64_t r = 0; r < runs; r++) {
+            double one[2];
+            call_stats_run(ps->k, dt, at_elem(ps->a, dt, off + r * stride), len, shift[c], one);
+            part[0] += one[0];
+            part[1] += one[1];
+        }
         break;
     case PASS_APPLY:
         call_apply(ps->k, ps->pp, c, at_elem(ps->a, dt, off), (void *)at_elem(ps->out, dt, off), len, 1, 1,
-                   at_elem(ps->side, dt, off));
+                   at_elem(ps->side, dt, off), runs, stride);
         break;
     case PASS_GSTATS:
         call_gstats(ps->k, ps->pp, c, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off), len, 1, 1, part,
-                    at_elem(ps->side, dt, off));
+                    at_elem(ps->side, dt, off), runs, stride);
         break;
     case PASS_GAPPLY:
         call_gapply(ps->k, ps->pp, c, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off),
                     (void *)at_elem(ps->out, dt, off), len, 1, 1, at_elem(ps->side, dt, off),
-                    (void *)at_elem(ps->side_grad, dt, off));
+                    (void *)at_elem(ps->side_grad, dt, off), runs, stride);
         break;
     }
 }
@@ -367,11 +387,16 @@ static void first_piece(const pass *ps, const double *shift, int64_t c, int64_t 
     int64_t lo, hi;
     piece_bounds(p, g, &lo, &hi);
     acc[0] = acc[1] = 0.0;
+    if (p->S > 0 && lo % p->S == 0 && hi % p->S == 0 && hi > lo) {
+        /* whole planes: one call for all of them */
+        first_stretch(ps, shift, c, (lo / p->S * p->C + c) * p->S, p->S, (hi - lo) / p->S, acc);
+        return;
+    }
     for (int64_t pos = lo; pos < hi;) {
         int64_t n = pos / p->S, i = pos - n * p->S;
         int64_t len = p->S - i < hi - pos ? p->S - i : hi - pos;
         double part[2] = { 0.0, 0.0 };
-        first_stretch(ps, shift, c, (n * p->C + c) * p->S + i, len, part);
+        first_stretch(ps, shift, c, (n * p->C + c) * p->S + i, len, 1, part);
         acc[0] += part[0];
         acc[1] += part[1];
         pos += len;
@@ -387,7 +412,7 @@ static void first_flat(const pass *ps, int64_t lo, int64_t hi)
     for (int64_t pos = lo; pos < hi;) {
         int64_t plane = pos / p->S, i = pos - plane * p->S;
         int64_t len = p->S - i < hi - pos ? p->S - i : hi - pos;
-        first_stretch(ps, NULL, plane % p->C, pos, len, NULL);
+        first_stretch(ps, NULL, plane % p->C, pos, len, 1, NULL);
         pos += len;
     }
 }
@@ -414,16 +439,16 @@ static void last_piece(const pass *ps, const double *shift, int64_t q, double *a
         break;
     case PASS_APPLY:
         call_apply(ps->k, ps->pp, 0, at_elem(ps->a, dt, off), (void *)at_elem(ps->out, dt, off), nrows, w, 0,
-                   at_elem(ps->side, dt, off));
+                   at_elem(ps->side, dt, off), 1, 0);
         break;
     case PASS_GSTATS:
         call_gstats(ps->k, ps->pp, 0, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off), nrows, w, 0, acc,
-                    at_elem(ps->side, dt, off));
+                    at_elem(ps->side, dt, off), 1, 0);
         break;
     case PASS_GAPPLY:
         call_gapply(ps->k, ps->pp, 0, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off),
                     (void *)at_elem(ps->out, dt, off), nrows, w, 0, at_elem(ps->side, dt, off),
-                    (void *)at_elem(ps->side_grad, dt, off));
+                    (void *)at_elem(ps->side_grad, dt, off), 1, 0);
         break;
     }
 }
@@ -473,7 +498,7 @@ static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
     int64_t C = p->C;
     int red = is_reduction(ps->kind);
     pass_task pt = { ps, shift, NULL };
-    if (p->layout == CFBN_CHANNELS_FIRST && !red) {
+    if (p->layout == CFBN_CHANNELS_FIRST && !red && p->S >= FLAT_MIN_PLANE) {
         /* elementwise: equal stretches of memory, one or more per thread */
         int64_t total = p->N * C * p->S;
         int64_t tasks = total / FLAT_PIECE_ELEMS;
@@ -484,7 +509,8 @@ static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
         return 0;
     }
     if (p->layout == CFBN_CHANNELS_FIRST) {
-        /* channels-first reductions: tasks are (channel, piece) */
+        /* channels-first reductions, and elementwise passes over small
+         * planes: tasks are (channel, piece) */
         int64_t tasks = C * p->G;
         if (red) {
             pt.part = malloc((size_t)(tasks > 0 ? tasks : 1) * 2 * sizeof(double));

@@ -121,7 +121,7 @@ static inline void fuse_apply_f32(const fuse_ops_f32 *o, const void *x, void *y,
             o->widen(xs, xb, n, 1);
             xs = xb;
         }
-        cfbn_apply_f32 q = {p->mhi + b.col, p->mlo + b.col, p->alpha + b.col, p->beta + b.col, 0, 0, 0.0f, NULL};
+        cfbn_apply_f32 q = {p->mhi + b.col, p->mlo + b.col, p->alpha + b.col, p->beta + b.col, 0, 0, 0.0f, NULL, 0, 0};
         if (is_run) o->apply_run(xs, tb, n, &q);
         else o->apply_rows(xs, tb, b.rows, b.w, &q);
         o->act(tb, fuse_at(p->side, b.off, half), fuse_at_w(y, b.off, half), n, half, p->act, p->act_alpha);
@@ -134,7 +134,7 @@ static inline void fuse_g_f32(const fuse_ops_f32 *o, const float *xs, const void
 {
     int64_t n = b->rows * b->w;
     if (p->act != CFBN_ACT_NONE) {
-        cfbn_apply_f32 q = {p->mhi + b->col, p->mlo + b->col, p->ya + b->col, p->yb + b->col, 0, 0, 0.0f, NULL};
+        cfbn_apply_f32 q = {p->mhi + b->col, p->mlo + b->col, p->ya + b->col, p->yb + b->col, 0, 0, 0.0f, NULL, 0, 0};
         if (is_run) o->apply_run(xs, tb, n, &q);
         else o->apply_rows(xs, tb, b->rows, b->w, &q);
     } else {
@@ -160,7 +160,7 @@ static inline void fuse_gstats_f32(const fuse_ops_f32 *o, const void *dy, const 
             xs = xb;
         }
         fuse_g_f32(o, xs, dy, p, &b, is_run, half, tb);
-        cfbn_grad_f32 q = {p->mhi + b.col, p->mlo + b.col, NULL, NULL, NULL, 0, 0, 0.0f, NULL, NULL, NULL, NULL};
+        cfbn_grad_f32 q = {p->mhi + b.col, p->mlo + b.col, NULL, NULL, NULL, 0, 0, 0.0f, NULL, NULL, NULL, NULL, 0, 0};
         if (is_run) {
             o->gstats_run(tb, xs, n, &q, part);
             acc[0] += part[0];
@@ -186,7 +186,7 @@ static inline void fuse_gapply_f32(const fuse_ops_f32 *o, const void *dy, const 
         o->widen(fuse_at(x, b.off, half), xb, n, half);
         fuse_g_f32(o, xb, dy, p, &b, is_run, half, tb);
         cfbn_grad_f32 q = {p->mhi + b.col, p->mlo + b.col, p->a + b.col, p->b + b.col, p->c + b.col,
-                           0, 0, 0.0f, NULL, NULL, NULL, NULL};
+                           0, 0, 0.0f, NULL, NULL, NULL, NULL, 0, 0};
         if (is_run) o->gapply_run(tb, xb, ub, n, &q);
         else o->gapply_rows(tb, xb, ub, b.rows, b.w, &q);
         if (p->side_grad) o->narrow(tb, fuse_at_w(p->side_grad, b.off, half), n, half);
@@ -267,7 +267,7 @@ static inline void fuse_apply_f64(const fuse_ops_f64 *o, const double *x, double
     fuse_blk b;
     while (fuse_next(&it, &b)) {
         int64_t n = b.rows * b.w;
-        cfbn_apply_f64 q = {p->mhi + b.col, p->mlo + b.col, p->alpha + b.col, p->beta + b.col, 0, 0, 0.0, NULL};
+        cfbn_apply_f64 q = {p->mhi + b.col, p->mlo + b.col, p->alpha + b.col, p->beta + b.col, 0, 0, 0.0, NULL, 0, 0};
         if (is_run) o->apply_run(x + b.off, tb, n, &q);
         else o->apply_rows(x + b.off, tb, b.rows, b.w, &q);
         for (int64_t i = 0; i < n; i++) {
@@ -287,7 +287,7 @@ static inline void fuse_g_f64(const fuse_ops_f64 *o, const double *dy, const dou
         memcpy(tb, dy + b->off, (size_t)n * sizeof *tb);
         return;
     }
-    cfbn_apply_f64 q = {p->mhi + b->col, p->mlo + b->col, p->ya + b->col, p->yb + b->col, 0, 0, 0.0, NULL};
+    cfbn_apply_f64 q = {p->mhi + b->col, p->mlo + b->col, p->ya + b->col, p->yb + b->col, 0, 0, 0.0, NULL, 0, 0};
     if (is_run) o->apply_run(x + b->off, tb, n, &q);
     else o->apply_rows(x + b->off, tb, b->rows, b->w, &q);
     for (int64_t i = 0; i < n; i++) {
@@ -308,7 +308,7 @@ static inline void fuse_gstats_f64(const fuse_ops_f64 *o, const double *dy, cons
     while (fuse_next(&it, &b)) {
         int64_t n = b.rows * b.w;
         fuse_g_f64(o, dy, x, p, &b, is_run, tb);
-        cfbn_grad_f64 q = {p->mhi + b.col, p->mlo + b.col, NULL, NULL, NULL, 0, 0, 0.0, NULL, NULL, NULL, NULL};
+        cfbn_grad_f64 q = {p->mhi + b.col, p->mlo + b.col, NULL, NULL, NULL, 0, 0, 0.0, NULL, NULL, NULL, NULL, 0, 0};
         if (is_run) {
             o->gstats_run(tb, x + b.off, n, &q, part);
             acc[0] += part[0];
@@ -334,7 +334,7 @@ static inline void fuse_gapply_f64(const fuse_ops_f64 *o, const double *dy, cons
         memcpy(xb, x + b.off, (size_t)n * sizeof *xb);
         fuse_g_f64(o, dy, x, p, &b, is_run, tb);
         cfbn_grad_f64 q = {p->mhi + b.col, p->mlo + b.col, p->a + b.col, p->b + b.col, p->c + b.col,
-                           0, 0, 0.0, NULL, NULL, NULL, NULL};
+                           0, 0, 0.0, NULL, NULL, NULL, NULL, 0, 0};
         if (is_run) o->gapply_run(tb, xb, ub, n, &q);
         else o->gapply_rows(tb, xb, ub, b.rows, b.w, &q);
         if (p->side_grad) memmove((double *)p->side_grad + b.off, tb, (size_t)n * sizeof *tb);

@@ -12,6 +12,7 @@
  * by max/min/select; elu, sigmoid, tanh and silu through exp_s, a Cephes-style
  * expf; float64 tensors use bn_act.h's libm formulas. */
 #include "cfbn.h"
+#include "bn_runs.h"
 
 #if defined(__aarch64__)
 
@@ -723,6 +724,7 @@ static void stats_rows_f32(const float *x, int64_t rows, int64_t w, const double
 
 static void apply_run_f32(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
 {
+    if (runs_apply_f32(apply_run_f32, x, y, n, p)) return;
     if (fuse_apply_on_f32(p)) {
         fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 0);
         return;
@@ -741,6 +743,7 @@ static void apply_rows_f32(const float *x, float *y, int64_t rows, int64_t w, co
 
 static void gstats_run_f32(const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
 {
+    if (runs_gstats_f32(gstats_run_f32, dy, x, n, p, acc)) return;
     if (fuse_gstats_on_f32(p)) {
         fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 0);
         return;
@@ -759,6 +762,7 @@ static void gstats_rows_f32(const float *dy, const float *x, int64_t rows, int64
 
 static void gapply_run_f32(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
 {
+    if (runs_gapply_f32(gapply_run_f32, dy, x, dx, n, p)) return;
     if (fuse_gapply_on_f32(p)) {
         fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 0);
         return;
@@ -789,6 +793,7 @@ static void stats_rows_f16(const uint16_t *x, int64_t rows, int64_t w, const dou
 
 static void apply_run_f16(const uint16_t *x, uint16_t *y, int64_t n, const cfbn_apply_f32 *p)
 {
+    if (runs_apply_f16(apply_run_f16, x, y, n, p)) return;
     if (fuse_apply_on_f32(p)) {
         fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 1);
         return;
@@ -807,6 +812,7 @@ static void apply_rows_f16(const uint16_t *x, uint16_t *y, int64_t rows, int64_t
 
 static void gstats_run_f16(const uint16_t *dy, const uint16_t *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
 {
+    if (runs_gstats_f16(gstats_run_f16, dy, x, n, p, acc)) return;
     if (fuse_gstats_on_f32(p)) {
         fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 1);
         return;
@@ -826,6 +832,7 @@ static void gstats_rows_f16(const uint16_t *dy, const uint16_t *x, int64_t rows,
 
 static void gapply_run_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t n, const cfbn_grad_f32 *p)
 {
+    if (runs_gapply_f16(gapply_run_f16, dy, x, dx, n, p)) return;
     if (fuse_gapply_on_f32(p)) {
         fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 1);
         return;
@@ -1060,6 +1067,7 @@ static void stats_rows_f64(const double *x, int64_t rows, int64_t w, const doubl
 
 static void apply_run_f64(const double *x, double *y, int64_t n, const cfbn_apply_f64 *p)
 {
+    if (runs_apply_f64(apply_run_f64, x, y, n, p)) return;
     if (fuse_apply_on_f64(p)) {
         fuse_apply_f64(&ops_f64, x, y, 1, n, 1, p);
         return;
@@ -1106,6 +1114,7 @@ static void apply_rows_f64(const double *x, double *y, int64_t rows, int64_t w, 
 
 static void gstats_run_f64(const double *dy, const double *x, int64_t n, const cfbn_grad_f64 *p, double *acc)
 {
+    if (runs_gstats_f64(gstats_run_f64, dy, x, n, p, acc)) return;
     if (fuse_gstats_on_f64(p)) {
         fuse_gstats_f64(&ops_f64, dy, x, 1, n, 1, p, acc);
         return;
@@ -1183,6 +1192,7 @@ static void gstats_rows_f64(const double *dy, const double *x, int64_t rows, int
 
 static void gapply_run_f64(const double *dy, const double *x, double *dx, int64_t n, const cfbn_grad_f64 *p)
 {
+    if (runs_gapply_f64(gapply_run_f64, dy, x, dx, n, p)) return;
     if (fuse_gapply_on_f64(p)) {
         fuse_gapply_f64(&ops_f64, dy, x, dx, 1, n, 1, p);
         return;

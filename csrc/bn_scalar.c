@@ -4,6 +4,7 @@
  * formulas. */
 #include "bn_fuse.h"
 #include "cfbn.h"
+#include "bn_runs.h"
 #include "half.h"
 
 /* defined at the end: the fused paths call back into the plain kernels */
@@ -39,6 +40,7 @@ static void stats_rows_f32(const float *x, int64_t rows, int64_t w, const double
 
 static void apply_run_f32(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
 {
+    if (runs_apply_f32(apply_run_f32, x, y, n, p)) return;
     if (fuse_apply_on_f32(p)) {
         fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 0);
         return;
@@ -62,6 +64,7 @@ static void apply_rows_f32(const float *x, float *y, int64_t rows, int64_t w, co
 
 static void gstats_run_f32(const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
 {
+    if (runs_gstats_f32(gstats_run_f32, dy, x, n, p, acc)) return;
     if (fuse_gstats_on_f32(p)) {
         fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 0);
         return;
@@ -96,6 +99,7 @@ static void gstats_rows_f32(const float *dy, const float *x, int64_t rows, int64
 
 static void gapply_run_f32(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
 {
+    if (runs_gapply_f32(gapply_run_f32, dy, x, dx, n, p)) return;
     if (fuse_gapply_on_f32(p)) {
         fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 0);
         return;
@@ -147,6 +151,7 @@ static void stats_rows_f64(const double *x, int64_t rows, int64_t w, const doubl
 
 static void apply_run_f64(const double *x, double *y, int64_t n, const cfbn_apply_f64 *p)
 {
+    if (runs_apply_f64(apply_run_f64, x, y, n, p)) return;
     if (fuse_apply_on_f64(p)) {
         fuse_apply_f64(&ops_f64, x, y, 1, n, 1, p);
         return;
@@ -170,6 +175,7 @@ static void apply_rows_f64(const double *x, double *y, int64_t rows, int64_t w, 
 
 static void gstats_run_f64(const double *dy, const double *x, int64_t n, const cfbn_grad_f64 *p, double *acc)
 {
+    if (runs_gstats_f64(gstats_run_f64, dy, x, n, p, acc)) return;
     if (fuse_gstats_on_f64(p)) {
         fuse_gstats_f64(&ops_f64, dy, x, 1, n, 1, p, acc);
         return;
@@ -202,6 +208,7 @@ static void gstats_rows_f64(const double *dy, const double *x, int64_t rows, int
 
 static void gapply_run_f64(const double *dy, const double *x, double *dx, int64_t n, const cfbn_grad_f64 *p)
 {
+    if (runs_gapply_f64(gapply_run_f64, dy, x, dx, n, p)) return;
     if (fuse_gapply_on_f64(p)) {
         fuse_gapply_f64(&ops_f64, dy, x, dx, 1, n, 1, p);
         return;
@@ -253,6 +260,7 @@ static void stats_rows_f16(const uint16_t *x, int64_t rows, int64_t w, const dou
 
 static void apply_run_f16(const uint16_t *x, uint16_t *y, int64_t n, const cfbn_apply_f32 *p)
 {
+    if (runs_apply_f16(apply_run_f16, x, y, n, p)) return;
     if (fuse_apply_on_f32(p)) {
         fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 1);
         return;
@@ -278,6 +286,7 @@ static void apply_rows_f16(const uint16_t *x, uint16_t *y, int64_t rows, int64_t
 
 static void gstats_run_f16(const uint16_t *dy, const uint16_t *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
 {
+    if (runs_gstats_f16(gstats_run_f16, dy, x, n, p, acc)) return;
     if (fuse_gstats_on_f32(p)) {
         fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 1);
         return;
@@ -314,6 +323,7 @@ static void gstats_rows_f16(const uint16_t *dy, const uint16_t *x, int64_t rows,
 
 static void gapply_run_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t n, const cfbn_grad_f32 *p)
 {
+    if (runs_gapply_f16(gapply_run_f16, dy, x, dx, n, p)) return;
     if (fuse_gapply_on_f32(p)) {
         fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 1);
         return;

@@ -68,6 +68,7 @@ typedef struct {
     int act;
     float act_alpha;
     const void *side;
+    int64_t runs, stride;   /* run kernels: see below */
 } cfbn_apply_f32;
 typedef struct {
     const double *mhi, *mlo, *alpha, *beta;
@@ -75,6 +76,7 @@ typedef struct {
     int act;
     double act_alpha;
     const void *side;
+    int64_t runs, stride;   /* run kernels: see below */
 } cfbn_apply_f64;
 
 /* Parameters of the gradient passes, with g = dy * act'(pre) and
@@ -93,6 +95,7 @@ typedef struct {
     const float *ya, *yb;
     const void *side;
     void *side_grad;
+    int64_t runs, stride;   /* run kernels: see below */
 } cfbn_grad_f32;
 typedef struct {
     const double *mhi, *mlo, *a, *b, *c;
@@ -102,6 +105,7 @@ typedef struct {
     const double *ya, *yb;
     const void *side;
     void *side_grad;
+    int64_t runs, stride;   /* run kernels: see below */
 } cfbn_grad_f64;
 
 /* One ISA's kernels.  Contracts (n, rows, w >= 0; "acc" outputs are double):
@@ -169,6 +173,14 @@ const cfbn_kernels *cfbn_isa_table(int isa);  /* NULL unless supported */
 /* bn_driver.c: a tensor seen as outer x channels x inner.
  * channels-last: outer = number of rows (N*H*W), inner = 1.
  * channels-first: outer = N, inner = spatial size. */
+/* runs, stride: with runs > 1, an apply, gstats or gapply run kernel handles
+ * `runs` runs of n elements, run k starting `k * stride` elements after the
+ * given pointers (in every tensor it reads or writes), with the same
+ * parameters; sums cover all runs.  A channel-first channel is N such runs,
+ * one per plane: one call instead of N keeps small planes from being
+ * dominated by per-call costs.  runs <= 1 means one run.  Rows kernels ignore
+ * both fields. */
+
 typedef struct {
     int dtype;            /* enum cfbn_dtype of x, y, dy, dx */
     int layout;           /* enum cfbn_layout */

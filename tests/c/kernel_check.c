@@ -186,6 +186,8 @@ typedef struct {
 static int g_act = CFBN_ACT_NONE;
 static double g_alpha = 0.0;
 static int g_side = 0;
+/* runs and stride handed to the run kernels (cfbn.h) */
+static int64_t g_runs = 0, g_stride = 0;
 
 static void *alloc_param(tcase *t, int slot, const double *v, int64_t w)
 {
@@ -275,9 +277,10 @@ static void call(const cfbn_kernels *k, int kind, const tcase *t, const void *x,
     int rows = t->rows_kind;
     const void *side = g_side ? t->side : NULL;
     if (t->dt == CFBN_F32 || t->dt == CFBN_F16) {
-        cfbn_apply_f32 ap = {t->mhi, t->mlo, t->pa, t->pb, g_stream, g_act, (float)g_alpha, side};
+        cfbn_apply_f32 ap = {t->mhi, t->mlo, t->pa, t->pb, g_stream, g_act, (float)g_alpha, side,
+                             g_runs, g_stride};
         cfbn_grad_f32 gp = {t->mhi, t->mlo, t->pa, t->pb, t->pc, g_stream, g_act, (float)g_alpha,
-                            t->pa, t->pb, side, side_grad};
+                            t->pa, t->pb, side, side_grad, g_runs, g_stride};
         if (t->dt == CFBN_F32) {
             switch (kind) {
             case K_STATS:
@@ -316,9 +319,9 @@ static void call(const cfbn_kernels *k, int kind, const tcase *t, const void *x,
             }
         }
     } else {
-        cfbn_apply_f64 ap = {t->mhi, t->mlo, t->pa, t->pb, g_stream, g_act, g_alpha, side};
+        cfbn_apply_f64 ap = {t->mhi, t->mlo, t->pa, t->pb, g_stream, g_act, g_alpha, side, g_runs, g_stride};
         cfbn_grad_f64 gp = {t->mhi, t->mlo, t->pa, t->pb, t->pc, g_stream, g_act, g_alpha,
-                            t->pa, t->pb, side, side_grad};
+                            t->pa, t->pb, side, side_grad, g_runs, g_stride};
         switch (kind) {
         case K_STATS:
             if (rows) k->stats_rows_f64(x, r, w, t->shift, out);
@@ -613,6 +616,75 @@ static void check_fused_table(const cfbn_kernels *k)
            n_pass - before_pass, n_fail - before_fail);
 }
 
+/* Several runs in one call (cfbn.h: runs, stride): the table under test
+ * with runs = R against the scalar table called once per run.  A run case's
+ * n elements are cut into R runs of `stride` elements of which the first len
+ * are processed; the rest must keep their poison. */
+static int check_runs(const cfbn_kernels *k, int kind, const tcase *t, int scenario, int64_t R, int64_t len)
+{
+    int dt = t->dt;
+    int is_stats = kind == K_GSTATS;
+    int64_t stride = t->n / R;
+    size_t es = esize[dt];
+    outbuf ref, got;
+    out_init(&ref, (size_t)t->n, es);
+    out_init(&got, (size_t)t->n, es);
+    out_poison(&ref);
+    out_poison(&got);
+    double rs[2] = {0.0, 0.0}, gs[2] = {NAN, NAN}, m1 = 0.0, m2 = 0.0;
+    tcase one = *t;
+    one.n = len;
+    for (int64_t q = 0; q < R; q++) {
+        size_t off = (size_t)(q * stride) * es;
+        double part[2];
+        call(&cfbn_kernels_scalar, kind, &one, (const char *)t->x + off, (const char *)t->dy + off,
+             is_stats ? (void *)part : (void *)(ref.p + off), NULL);
+        if (is_stats) {
+            rs[0] += part[0];
+            rs[1] += part[1];
+        }
+        for (int64_t i = 0; i < len; i++) {
+            double gv = get(dt, t->dy, q * stride + i);
+            double d = centered(dt, get(dt, t->x, q * stride + i), pget(t, t->mhi, 0), pget(t, t->mlo, 0));
+            m1 += fabs(gv);
+            m2 += fabs(gv * d);
+        }
+    }
+    g_runs = R;
+    g_stride = stride;
+    call(k, kind, &one, t->x, t->dy, is_stats ? (void *)gs : (void *)got.p, NULL);
+    g_runs = g_stride = 0;
+    int ok = out_guards_ok(&got) ? 1 : report(k, kind, &one, scenario, "runs: guard overwritten", -1, 0, 0, 0);
+    if (is_stats) {
+        double tol1 = 2e-12 * m1 + 1e-300, tol2 = 2e-12 * m2 + 1e-300;
+        if (dt != CFBN_F64) tol1 += 6.0 * FLT_EPSILON * m1, tol2 += 6.0 * FLT_EPSILON * m2;
+        if (!(fabs(gs[0] - rs[0]) <= tol1)) ok = report(k, kind, &one, scenario, "runs: sum1", 0, gs[0], rs[0], tol1);
+        else if (!(fabs(gs[1] - rs[1]) <= tol2))
+            ok = report(k, kind, &one, scenario, "runs: sum2", 0, gs[1], rs[1], tol2);
+    } else {
+        double eps = dt == CFBN_F64 ? DBL_EPSILON : FLT_EPSILON;
+        for (int64_t i = 0; i < t->n && ok; i++) {
+            double want = get(dt, ref.p, i), have = get(dt, got.p, i);
+            if (i % stride >= len || i >= R * stride) {
+                if (!isnan(have)) ok = report(k, kind, &one, scenario, "runs: wrote outside the runs", i, have, want, 0);
+                continue;
+            }
+            double d = centered(dt, get(dt, t->x, i), pget(t, t->mhi, 0), pget(t, t->mlo, 0));
+            double mag = kind == K_APPLY ? fabs(d * pget(t, t->pa, 0)) + fabs(pget(t, t->pb, 0))
+                                         : fabs(get(dt, t->dy, i) * pget(t, t->pa, 0)) + fabs(d * pget(t, t->pb, 0))
+                                               + fabs(pget(t, t->pc, 0));
+            double tol = 2.0 * eps * mag + 1e-300;
+            if (dt == CFBN_F16) tol += fabs(want) * 0x1p-10 + 0x1p-24;
+            if (!(fabs(have - want) <= tol)) ok = report(k, kind, &one, scenario, "runs: value", i, have, want, tol);
+        }
+    }
+    out_free(&ref);
+    out_free(&got);
+    if (ok) n_pass++;
+    else n_fail++;
+    return ok;
+}
+
 static void check_case(const cfbn_kernels *k, int dt, int rows_kind, int64_t rows, int64_t w, int scenario)
 {
     tcase t;
@@ -629,6 +701,13 @@ static void check_case(const cfbn_kernels *k, int dt, int rows_kind, int64_t row
             }
             g_stream = 0;
             g_misalign = 1;
+        }
+        /* several runs per call: whole, shortened and empty runs */
+        if (!rows_kind && kind != K_STATS && t.n >= 3) {
+            int64_t stride = t.n / 3;
+            check_runs(k, kind, &t, scenario, 3, stride);
+            check_runs(k, kind, &t, scenario, 3, stride - 1);
+            check_runs(k, kind, &t, scenario, 3, 0);
         }
     }
     case_free(&t);
