@@ -319,10 +319,10 @@ def fused_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4
     (all on one device) run on that GPU and give CuPy arrays; `n_threads` is
     then checked but has no effect.
     """
-    if out is None and activation is None and alpha is None and side_input is None:
+    if activation is None and alpha is None and side_input is None:
         result = _kernels.fast_forward(x, scale, offset, mean, variance, epsilon,
                                        exponential_avg_factor, data_format, is_training,
-                                       n_threads)
+                                       n_threads, out)
         if result is not None:
             return result
     if type(x) is not np.ndarray and _is_cupy(x):
@@ -405,9 +405,9 @@ def fused_batch_norm_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2
     -----
     CuPy arrays (all on one device) run on that GPU and give CuPy arrays.
     """
-    if out is None and activation is None and side_input is None and alpha is None:
+    if activation is None and side_input is None and alpha is None:
         result = _kernels.fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2,
-                                        epsilon, data_format, is_training, n_threads)
+                                        epsilon, data_format, is_training, n_threads, out)
         if result is not None:
             return result
     if type(x) is not np.ndarray and _is_cupy(x):

@@ -408,8 +408,82 @@ cdef inline cnp.ndarray _empty_like_vec(int64_t channels, int vtype):
     return cnp.PyArray_EMPTY(1, &dim, vtype, 0)
 
 
+cdef tuple _FORWARD_FIELDS = ("y", "batch_mean", "batch_variance", "reserve_space_1",
+                              "reserve_space_2")
+cdef tuple _GRAD_FIELDS = ("x_backprop", "scale_backprop", "offset_backprop")
+
+
+cdef object _given_outputs(object out, tuple fields):
+    """The caller's array or None for each field, or None when out= is not
+    a plain tuple, list or dict of them."""
+    if out is None:
+        return (None,) * len(fields)
+    cdef type t = type(out)
+    if t is tuple or t is list:
+        return out if len(out) == len(fields) else None
+    if t is dict:
+        for key in out:
+            if key not in fields:
+                return None
+        return tuple([out.get(f) for f in fields])
+    return None
+
+
+cdef inline bint _plain_out(object a, cnp.ndarray like, int typenum):
+    """A writeable, aligned, C-contiguous ndarray of `like`'s shape and the
+    given type."""
+    if type(a) is not cnp.ndarray:
+        return False
+    cdef cnp.ndarray arr = <cnp.ndarray>a
+    return (cnp.PyArray_TYPE(arr) == typenum and cnp.PyArray_SAMESHAPE(arr, like)
+            and cnp.PyArray_IS_C_CONTIGUOUS(arr) and cnp.PyArray_ISALIGNED(arr)
+            and cnp.PyArray_ISWRITEABLE(arr) and cnp.PyArray_ISNOTSWAPPED(arr))
+
+
+cdef inline bint _plain_out_vec(object a, int64_t channels, int typenum):
+    if type(a) is not cnp.ndarray:
+        return False
+    cdef cnp.ndarray arr = <cnp.ndarray>a
+    return (cnp.PyArray_NDIM(arr) == 1 and cnp.PyArray_DIM(arr, 0) == channels
+            and cnp.PyArray_TYPE(arr) == typenum and cnp.PyArray_IS_C_CONTIGUOUS(arr)
+            and cnp.PyArray_ISALIGNED(arr) and cnp.PyArray_ISWRITEABLE(arr)
+            and cnp.PyArray_ISNOTSWAPPED(arr))
+
+
+cdef inline bint _touch(object a, object b, bint same_is_clash):
+    """Whether two contiguous arrays' bytes intersect; an identical range
+    counts only when same_is_clash."""
+    if a is None or b is None:
+        return False
+    cdef char *pa = <char *>cnp.PyArray_DATA(<cnp.ndarray>a)
+    cdef char *pb = <char *>cnp.PyArray_DATA(<cnp.ndarray>b)
+    cdef Py_ssize_t na = cnp.PyArray_NBYTES(<cnp.ndarray>a)
+    cdef Py_ssize_t nb = cnp.PyArray_NBYTES(<cnp.ndarray>b)
+    if na == 0 or nb == 0:
+        return False
+    if pa == pb and na == nb:
+        return same_is_clash
+    return pa < pb + nb and pb < pa + na
+
+
+cdef bint _outputs_clash(tuple given, tuple inputs):
+    """An output partly overlapping an input, or two outputs sharing memory:
+    the general path explains which."""
+    cdef Py_ssize_t i, j
+    for i in range(len(given)):
+        if given[i] is None:
+            continue
+        for inp in inputs:
+            if _touch(given[i], inp, False):
+                return True
+        for j in range(i):
+            if _touch(given[i], given[j], True):
+                return True
+    return False
+
+
 def fast_forward(x, scale, offset, mean, variance, epsilon, exponential_avg_factor,
-                 data_format, is_training, n_threads):
+                 data_format, is_training, n_threads, out=None):
     """fused_batch_norm for the plain case, or None."""
     cdef int dt = _kind(x)
     if dt < 0 or type(epsilon) is not float or type(exponential_avg_factor) is not float:
@@ -439,11 +513,28 @@ def fast_forward(x, scale, offset, mean, variance, epsilon, exponential_avg_fact
     if not need_stats and ((mean is not None and not _plain_vector(mean, vtype, channels))
                            or (variance is not None and not _plain_vector(variance, vtype, channels))):
         return None
-    y = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(xa), cnp.PyArray_DIMS(xa), cnp.PyArray_TYPE(xa), 0)
-    bm = _empty_like_vec(channels, vtype)
-    bv = _empty_like_vec(channels, vtype)
-    sm = _empty_like_vec(channels, vtype)
-    sv = _empty_like_vec(channels, vtype)
+    given = _given_outputs(out, _FORWARD_FIELDS)
+    if given is None:
+        return None
+    given = tuple(given)
+    y, bm, bv, sm, sv = given
+    if y is None:
+        y = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(xa), cnp.PyArray_DIMS(xa), cnp.PyArray_TYPE(xa), 0)
+    elif not _plain_out(y, xa, cnp.PyArray_TYPE(xa)):
+        return None
+    for v in (bm, bv, sm, sv):
+        if v is not None and not _plain_out_vec(v, channels, vtype):
+            return None
+    if out is not None and _outputs_clash(given, (x, scale, offset, mean, variance)):
+        return None
+    if bm is None:
+        bm = _empty_like_vec(channels, vtype)
+    if bv is None:
+        bv = _empty_like_vec(channels, vtype)
+    if sm is None:
+        sm = _empty_like_vec(channels, vtype)
+    if sv is None:
+        sv = _empty_like_vec(channels, vtype)
     if training:
         forward_training(dt, layout, outer, channels, inner, nt, x, scale, offset,
                          mean if need_stats else None, variance if need_stats else None,
@@ -455,7 +546,7 @@ def fast_forward(x, scale, offset, mean, variance, epsilon, exponential_avg_fact
 
 
 def fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon,
-                  data_format, is_training, n_threads):
+                  data_format, is_training, n_threads, out=None):
     """fused_batch_norm_grad for the plain case, or None."""
     cdef int dt = _kind(x)
     if dt < 0 or _kind(y_backprop) != dt or type(epsilon) is not float:
@@ -480,9 +571,25 @@ def fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilo
     if not (_plain_vector(scale, vtype, channels) and _plain_vector(reserve_space_1, vtype, channels)
             and _plain_vector(reserve_space_2, vtype, channels)):
         return None
-    dx = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(xa), cnp.PyArray_DIMS(xa), cnp.PyArray_TYPE(xa), 0)
-    dscale = _empty_like_vec(channels, vtype)
-    doffset = _empty_like_vec(channels, vtype)
+    given = _given_outputs(out, _GRAD_FIELDS)
+    if given is None:
+        return None
+    given = tuple(given)
+    dx, dscale, doffset = given
+    if dx is None:
+        dx = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(xa), cnp.PyArray_DIMS(xa), cnp.PyArray_TYPE(xa), 0)
+    elif not _plain_out(dx, xa, cnp.PyArray_TYPE(xa)):
+        return None
+    for v in (dscale, doffset):
+        if v is not None and not _plain_out_vec(v, channels, vtype):
+            return None
+    if out is not None and _outputs_clash(
+            given, (y_backprop, x, scale, reserve_space_1, reserve_space_2)):
+        return None
+    if dscale is None:
+        dscale = _empty_like_vec(channels, vtype)
+    if doffset is None:
+        doffset = _empty_like_vec(channels, vtype)
     backward(dt, layout, outer, channels, inner, nt, is_training, y_backprop, x, scale,
              reserve_space_1, reserve_space_2, eps, dx, dscale, doffset)
     return _grad_result(dx, dscale, doffset)

@@ -1,6 +1,8 @@
-"""The plain call (no out=, contiguous arrays) takes a fast path that skips the
-Python layer's validation; every other call takes the general path.  Both
-must compute exactly the same thing."""
+"""The plain call (contiguous NumPy arrays of matching dtypes, Python scalars,
+plain out= arrays) takes a fast path that skips the Python layer's
+validation; every other call takes the general path.  Both must compute
+exactly the same thing.  A NumPy bool for is_training is one way to send an
+otherwise plain call down the general path."""
 
 import numpy as np
 import pytest
@@ -32,7 +34,8 @@ def test_fast_and_general_paths_agree(isa, data_format, dtype, mode):
                                       kw["exponential_avg_factor"], data_format,
                                       kw["is_training"], None) is not None
     fast = cfbn.fused_batch_norm(x, scale, offset, *stats, **kw)
-    general = cfbn.fused_batch_norm(x, scale, offset, *stats, out={}, **kw)
+    general = cfbn.fused_batch_norm(x, scale, offset, *stats,
+                                     **dict(kw, is_training=np.bool_(kw["is_training"])))
     assert type(fast) is cfbn.BatchNormOutput
     for name, a, b in zip(fast._fields, fast, general):
         assert _bitwise_equal(a, b), name
@@ -42,7 +45,8 @@ def test_fast_and_general_paths_agree(isa, data_format, dtype, mode):
     assert cfbn._kernels.fast_backward(dy, x, scale, fast[3], fast[4], 1e-3, data_format,
                                        gkw["is_training"], None) is not None
     gfast = cfbn.fused_batch_norm_grad(dy, x, scale, fast[3], fast[4], **gkw)
-    ggeneral = cfbn.fused_batch_norm_grad(dy, x, scale, fast[3], fast[4], out={}, **gkw)
+    ggeneral = cfbn.fused_batch_norm_grad(dy, x, scale, fast[3], fast[4],
+                                          **dict(gkw, is_training=np.bool_(gkw["is_training"])))
     assert type(gfast) is cfbn.BatchNormGrad
     for name, a, b in zip(gfast._fields, gfast, ggeneral):
         assert _bitwise_equal(a, b), name
@@ -61,3 +65,57 @@ def test_unusual_arguments_take_the_general_path():
         got = cfbn.fused_batch_norm(x, scale, offset, **kw)
         for a, b in zip(got, want):
             assert _bitwise_equal(a, b), kw
+
+
+@pytest.mark.parametrize("form", ["tuple", "list", "dict"])
+def test_fast_path_takes_plain_outputs(form):
+    """Preallocated outputs keep the fast path, are written in place and
+    come back as the very same objects; the results equal a plain call."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 5, 5, 6)).astype(np.float32)
+    scale, offset = np.ones(6, np.float32), np.zeros(6, np.float32)
+    want = cfbn.fused_batch_norm(x, scale, offset, epsilon=1e-3)
+    bufs = [np.full_like(a, np.nan) for a in want]
+    bufs[2] = None  # one left for cfbn to allocate
+    out = {"tuple": tuple(bufs), "list": list(bufs),
+           "dict": {f: b for f, b in zip(cfbn.BatchNormOutput._fields, bufs) if b is not None}}[form]
+    assert cfbn._kernels.fast_forward(x, scale, offset, None, None, 1e-3, 1.0, "NHWC", True,
+                                      None, out) is not None
+    got = cfbn.fused_batch_norm(x, scale, offset, epsilon=1e-3, out=out)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert _bitwise_equal(a, b)
+        if bufs[i] is not None:
+            assert a is bufs[i]
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    gwant = cfbn.fused_batch_norm_grad(dy, x, scale, want[3], want[4], epsilon=1e-3)
+    gbufs = [np.full_like(a, np.nan) for a in gwant]
+    gout = {"tuple": tuple(gbufs), "list": list(gbufs),
+            "dict": dict(zip(cfbn.BatchNormGrad._fields, gbufs))}[form]
+    ggot = cfbn.fused_batch_norm_grad(dy, x, scale, want[3], want[4], epsilon=1e-3, out=gout)
+    for a, b, buf in zip(ggot, gwant, gbufs):
+        assert a is buf and _bitwise_equal(a, b)
+
+
+def test_fast_path_leaves_bad_outputs_to_the_general_path():
+    """Outputs the fast path does not take get the general path's errors."""
+    x = np.ones((1, 2, 2, 3), np.float32)
+    s = np.ones(3, np.float32)
+    y = np.empty_like(x)
+    for out, exc, words in (
+            ((y, y[0, 0, 0], None, None, None), ValueError, "shares memory"),
+            ((x.reshape(-1)[1:].reshape(1, 1, 11, 1)[..., :1], None, None, None, None),
+             ValueError, "shape"),
+            ({"z": y}, ValueError, "unknown"),
+            ((np.empty((1, 2, 2, 3), np.float64), None, None, None, None), TypeError, "dtype")):
+        assert cfbn._kernels.fast_forward(x, s, s, None, None, 1e-3, 1.0, "NHWC", True, None,
+                                          out) is None
+        with pytest.raises(exc, match=words):
+            cfbn.fused_batch_norm(x, s, s, epsilon=1e-3, out=out)
+    # an output that partly overlaps an input
+    big = np.zeros(13, np.float32)
+    xin = big[:12].reshape(1, 2, 2, 3)
+    yout = big[1:13].reshape(1, 2, 2, 3)
+    assert cfbn._kernels.fast_forward(xin, s, s, None, None, 1e-3, 1.0, "NHWC", True, None,
+                                      (yout, None, None, None, None)) is None
+    with pytest.raises(ValueError, match="overlaps"):
+        cfbn.fused_batch_norm(xin, s, s, epsilon=1e-3, out=(yout, None, None, None, None))
