@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Runs the test suite against the repaired x86-64 wheel on an emulated x86-64
+# CPU without AVX or AVX2 (qemu-x86_64 -cpu Nehalem): the scalar table must be
+# the one selected, every test must pass, and CFBN_FORCE_ISA=avx2 must be a
+# clear import error rather than an illegal instruction.
+#
+# Nehalem is the oldest model numpy 2.x runs on (it needs x86-64-v2: SSE4.2,
+# POPCNT); qemu64 would kill numpy itself with SIGILL.
+#
+# Child interpreters (test_dispatch.py runs `sys.executable -c ...` and
+# `-m cfbn`) would run natively, on the host's AVX2 CPU, since qemu-user does
+# not follow execve.  The venv gets a launcher script that starts its python
+# under qemu with argv[0] set to the launcher (qemu's -0): sys.executable is
+# then the launcher, so children run on the emulated Nehalem too.
+# Environment: CFBN_QEMU_X86_CPU (default Nehalem), PYTEST_ARGS.
+set -euo pipefail
+. "$(dirname "$0")/_lib.sh"
+need qemu-x86_64 "$HOST_PYTHON"
+
+CPU=${CFBN_QEMU_X86_CPU:-Nehalem}
+VENV=$EDGE/venv-old-x86
+RUNDIR=$EDGE/x86-tests
+LAUNCHER=$VENV/bin/python-qemu
+
+step "wheel"
+ensure_wheels
+WHL=$(one_file "$ROOT/wheelhouse/cfbn-*manylinux*_x86_64.whl")
+echo "$WHL"
+
+step "venv with the wheel, numpy $NUMPY_VERSION, ${TEST_PACKAGES[*]}"
+rm -rf "$VENV" "$RUNDIR"
+"$HOST_PYTHON" -m venv "$VENV"
+"$VENV/bin/pip" install -q "$WHL" "numpy==$NUMPY_VERSION" "${TEST_PACKAGES[@]}"
+# The launcher sits in the venv's bin, so Python finds pyvenv.cfg from it.
+cat >"$LAUNCHER" <<SH
+#!/bin/sh
+exec qemu-x86_64 -cpu "$CPU" -0 "\$0" "$VENV/bin/python" "\$@"
+SH
+chmod +x "$LAUNCHER"
+copy_tests "$RUNDIR"
+golden_dir
+cd "$RUNDIR"
+unset CFBN_FORCE_ISA
+
+step "runtime_info under qemu-x86_64 -cpu $CPU"
+"$LAUNCHER" - "$VENV" <<'PY'
+import sys
+import cfbn
+info = cfbn.runtime_info()
+print("cfbn from", cfbn.__file__)
+print(info)
+assert cfbn.__file__.startswith(sys.argv[1] + "/"), "not the installed wheel"
+assert "avx2" in info["compiled_isas"], info
+assert info["supported_isas"] == ["scalar"], info
+assert info["selected_isa"] == "scalar", info
+PY
+
+step "CFBN_FORCE_ISA=avx2 on $CPU: a clear error, not SIGILL"
+set +e
+CFBN_FORCE_ISA=avx2 "$LAUNCHER" -c 'import cfbn' 2>"$EDGE/force-avx2.err"
+rc=$?
+set -e
+tail -1 "$EDGE/force-avx2.err"
+echo "exit status $rc"
+[ "$rc" -eq 1 ] || die "expected exit status 1 (an exception), got $rc"
+grep -q "CFBN_FORCE_ISA" "$EDGE/force-avx2.err" && grep -q "avx2" "$EDGE/force-avx2.err" \
+    || die "the error does not name CFBN_FORCE_ISA and avx2"
+
+step "pytest under qemu-x86_64 -cpu $CPU: scalar table selected"
+rc=0
+CFBN_EXPECT_ISA=scalar run_suite old-x86 \
+    "$LAUNCHER" -m pytest tests -q -p no:cacheprovider ${PYTEST_ARGS:-} || rc=$?
+
+timings
+[ "$rc" -eq 0 ] || die "pytest failed under qemu-x86_64 -cpu $CPU"
