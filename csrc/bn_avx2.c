@@ -522,24 +522,6 @@ INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const
         tb = _mm256_maskload_ps(p->beta + full, mk);
     }
     int64_t r = 0;
-    /* two rows per parameter load: the four parameter streams, not x, would
-     * otherwise take most of the load slots */
-    for (; r + 2 <= rows; r += 2) {
-        const int64_t o = r * w;
-        for (int64_t j = 0; j < full; j += 8) {
-            __m256 m = _mm256_loadu_ps(p->mhi + j), l = _mm256_loadu_ps(p->mlo + j);
-            __m256 a = _mm256_loadu_ps(p->alpha + j), b = _mm256_loadu_ps(p->beta + j);
-            __m256 v0 = ld8(x, o + j, half), v1 = ld8(x, o + w + j, half);
-            st8(y, o + j, apply_ps(v0, m, l, a, b), half);
-            st8(y, o + w + j, apply_ps(v1, m, l, a, b), half);
-        }
-        if (cnt) {
-            __m256 v0 = ld_part(x, o + full, cnt, n - o - full, half);
-            __m256 v1 = ld_part(x, o + w + full, cnt, n - o - w - full, half);
-            st_part(y, o + full, apply_ps(v0, tm, tl, ta, tb), cnt, half);
-            st_part(y, o + w + full, apply_ps(v1, tm, tl, ta, tb), cnt, half);
-        }
-    }
     for (; r < rows; r++) {
         const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 8) {
@@ -660,23 +642,6 @@ INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows
         tc = _mm256_maskload_ps(p->c + full, mk);
     }
     int64_t r = 0;
-    for (; r + 2 <= rows; r += 2) {
-        const int64_t o = r * w;
-        for (int64_t j = 0; j < full; j += 8) {
-            __m256 m = _mm256_loadu_ps(p->mhi + j), l = _mm256_loadu_ps(p->mlo + j);
-            __m256 a = _mm256_loadu_ps(p->a + j), b = _mm256_loadu_ps(p->b + j), c = _mm256_loadu_ps(p->c + j);
-            __m256 g0 = ld8(dy, o + j, half), v0 = ld8(x, o + j, half);
-            __m256 g1 = ld8(dy, o + w + j, half), v1 = ld8(x, o + w + j, half);
-            st8(dx, o + j, gapply_ps(g0, v0, m, l, a, b, c), half);
-            st8(dx, o + w + j, gapply_ps(g1, v1, m, l, a, b, c), half);
-        }
-        for (int64_t k = 0; k < 2 && cnt; k++) {
-            const int64_t q = o + k * w + full;
-            __m256 g = ld_part(dy, q, cnt, n - q, half);
-            __m256 v = ld_part(x, q, cnt, n - q, half);
-            st_part(dx, q, gapply_ps(g, v, tm, tl, ta, tb, tc), cnt, half);
-        }
-    }
     for (; r < rows; r++) {
         const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 8) {
