@@ -357,38 +357,72 @@ INLINE __m256 dot_tree8(const __m256 *g, const __m256 *d)
     return _mm256_add_ps(_mm256_add_ps(p01, p23), _mm256_add_ps(p45, p67));
 }
 
-INLINE void add_ps_to_pd(double *a, __m256 v)
-{
-    _mm256_storeu_pd(a, _mm256_add_pd(_mm256_loadu_pd(a), lo_pd(v)));
-    _mm256_storeu_pd(a + 4, _mm256_add_pd(_mm256_loadu_pd(a + 4), hi_pd(v)));
-}
-
 INLINE __m256 shift_ps(const double *shift)
 {
     return _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(shift + 4)), _mm256_cvtpd_ps(_mm256_loadu_pd(shift)));
 }
 
+/* Rows per sub-block: a sub-block of every array read stays within 16 KB, so
+ * that the second column group to touch a cache line finds it in L1. */
+INLINE int64_t sub_rows(int64_t w, int arrays)
+{
+    int64_t r = (4096 / arrays / w) & ~(int64_t)7;
+    return r < 8 ? 8 : r;
+}
+
+/* Walking a sub-block column group by column group reads memory in strides
+ * the hardware prefetchers follow poorly when the tensor comes from DRAM, so
+ * each column group also prefetches its share of the lines of the sub-block
+ * after next, in address order. */
+INLINE void prefetch_share(const char *next, int64_t bytes, int64_t part, int64_t parts)
+{
+    int64_t lo = bytes * part / parts, hi = bytes * (part + 1) / parts;
+    for (int64_t b = lo & ~(int64_t)63; b < hi; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
+}
+
+/* A sub-block's sums live in registers, column group by column group, and
+ * reach acc once per sub-block: read-modify-writes of acc between the loads
+ * of x would stall on the loads whose addresses match a pending store in
+ * their low 12 bits (4K aliasing), which happens for whole tensors at some
+ * relative placements of x and acc. */
 INLINE void stats_rows8_ps(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int half)
 {
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
-    int64_t r = 0;
-    for (; r + 8 <= rows; r += 8) {
-        const int64_t o = r * w;
+    const int64_t R = sub_rows(w, 1);
+    const size_t es = half ? 2 : 4;
+    for (int64_t r0 = 0; r0 < rows; r0 += R) {
+        const int64_t r1 = r0 + R < rows ? r0 + R : rows;
+        const int64_t r2 = r1 + R < rows ? r1 + R : rows, r3 = r2 + R < rows ? r2 + R : rows;
+        const char *next = (const char *)x + (size_t)(r2 * w) * es;
+        const int64_t next_bytes = (r3 - r2) * w * (int64_t)es;
         for (int64_t j = 0; j < w; j += 8) {
+            prefetch_share(next, next_bytes, j / 8, w / 8);
             __m256 k = shift_ps(shift + j);
-            __m256 d0 = _mm256_sub_ps(ld8(x, o + j, half), k), d1 = _mm256_sub_ps(ld8(x, o + w + j, half), k);
-            __m256 d2 = _mm256_sub_ps(ld8(x, o + 2 * w + j, half), k), d3 = _mm256_sub_ps(ld8(x, o + 3 * w + j, half), k);
-            __m256 d4 = _mm256_sub_ps(ld8(x, o + 4 * w + j, half), k), d5 = _mm256_sub_ps(ld8(x, o + 5 * w + j, half), k);
-            __m256 d6 = _mm256_sub_ps(ld8(x, o + 6 * w + j, half), k), d7 = _mm256_sub_ps(ld8(x, o + 7 * w + j, half), k);
-            add_ps_to_pd(acc + j, tree8(d0, d1, d2, d3, d4, d5, d6, d7));
-            add_ps_to_pd(acc + w + j, sq_tree8(d0, d1, d2, d3, d4, d5, d6, d7));
-        }
-    }
-    for (; r < rows; r++) {
-        for (int64_t j = 0; j < w; j += 8) {
-            __m256 d = _mm256_sub_ps(ld8(x, r * w + j, half), shift_ps(shift + j));
-            add_ps_to_pd(acc + j, d);
-            add_ps_to_pd(acc + w + j, _mm256_mul_ps(d, d));
+            __m256d s1lo = _mm256_setzero_pd(), s1hi = s1lo, s2lo = s1lo, s2hi = s1lo;
+            int64_t r = r0;
+            for (; r + 8 <= r1; r += 8) {
+                const int64_t o = r * w + j;
+                __m256 d0 = _mm256_sub_ps(ld8(x, o, half), k), d1 = _mm256_sub_ps(ld8(x, o + w, half), k);
+                __m256 d2 = _mm256_sub_ps(ld8(x, o + 2 * w, half), k), d3 = _mm256_sub_ps(ld8(x, o + 3 * w, half), k);
+                __m256 d4 = _mm256_sub_ps(ld8(x, o + 4 * w, half), k), d5 = _mm256_sub_ps(ld8(x, o + 5 * w, half), k);
+                __m256 d6 = _mm256_sub_ps(ld8(x, o + 6 * w, half), k), d7 = _mm256_sub_ps(ld8(x, o + 7 * w, half), k);
+                __m256 t1 = tree8(d0, d1, d2, d3, d4, d5, d6, d7), t2 = sq_tree8(d0, d1, d2, d3, d4, d5, d6, d7);
+                s1lo = _mm256_add_pd(s1lo, lo_pd(t1));
+                s1hi = _mm256_add_pd(s1hi, hi_pd(t1));
+                s2lo = _mm256_add_pd(s2lo, lo_pd(t2));
+                s2hi = _mm256_add_pd(s2hi, hi_pd(t2));
+            }
+            for (; r < r1; r++) {
+                __m256 d = _mm256_sub_ps(ld8(x, r * w + j, half), k), q = _mm256_mul_ps(d, d);
+                s1lo = _mm256_add_pd(s1lo, lo_pd(d));
+                s1hi = _mm256_add_pd(s1hi, hi_pd(d));
+                s2lo = _mm256_add_pd(s2lo, lo_pd(q));
+                s2hi = _mm256_add_pd(s2hi, hi_pd(q));
+            }
+            _mm256_storeu_pd(acc + j, _mm256_add_pd(_mm256_loadu_pd(acc + j), s1lo));
+            _mm256_storeu_pd(acc + j + 4, _mm256_add_pd(_mm256_loadu_pd(acc + j + 4), s1hi));
+            _mm256_storeu_pd(acc + w + j, _mm256_add_pd(_mm256_loadu_pd(acc + w + j), s2lo));
+            _mm256_storeu_pd(acc + w + j + 4, _mm256_add_pd(_mm256_loadu_pd(acc + w + j + 4), s2hi));
         }
     }
     /* from sums of (x - k) to sums of (x - shift): with e = k - shift,
@@ -407,26 +441,43 @@ INLINE void gstats_rows8_ps(const void *dy, const void *x, int64_t rows, int64_t
                             double *acc, int half)
 {
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
-    int64_t r = 0;
-    for (; r + 8 <= rows; r += 8) {
-        const int64_t o = r * w;
+    const int64_t R = sub_rows(w, 2);
+    const size_t es = half ? 2 : 4;
+    for (int64_t r0 = 0; r0 < rows; r0 += R) {
+        const int64_t r1 = r0 + R < rows ? r0 + R : rows;
+        const int64_t r2 = r1 + R < rows ? r1 + R : rows, r3 = r2 + R < rows ? r2 + R : rows;
+        const int64_t next_bytes = (r3 - r2) * w * (int64_t)es;
         for (int64_t j = 0; j < w; j += 8) {
+            prefetch_share((const char *)dy + (size_t)(r2 * w) * es, next_bytes, j / 8, w / 8);
+            prefetch_share((const char *)x + (size_t)(r2 * w) * es, next_bytes, j / 8, w / 8);
             __m256 m = _mm256_loadu_ps(p->mhi + j), l = _mm256_loadu_ps(p->mlo + j);
-            __m256 g[8], d[8];
-            for (int k = 0; k < 8; k++) {
-                g[k] = ld8(dy, o + k * w + j, half);
-                d[k] = centered_ps(ld8(x, o + k * w + j, half), m, l);
+            __m256d s1lo = _mm256_setzero_pd(), s1hi = s1lo, s2lo = s1lo, s2hi = s1lo;
+            int64_t r = r0;
+            for (; r + 8 <= r1; r += 8) {
+                const int64_t o = r * w + j;
+                __m256 g[8], d[8];
+                for (int k = 0; k < 8; k++) {
+                    g[k] = ld8(dy, o + k * w, half);
+                    d[k] = centered_ps(ld8(x, o + k * w, half), m, l);
+                }
+                __m256 t1 = tree8(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]), t2 = dot_tree8(g, d);
+                s1lo = _mm256_add_pd(s1lo, lo_pd(t1));
+                s1hi = _mm256_add_pd(s1hi, hi_pd(t1));
+                s2lo = _mm256_add_pd(s2lo, lo_pd(t2));
+                s2hi = _mm256_add_pd(s2hi, hi_pd(t2));
             }
-            add_ps_to_pd(acc + j, tree8(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]));
-            add_ps_to_pd(acc + w + j, dot_tree8(g, d));
-        }
-    }
-    for (; r < rows; r++) {
-        for (int64_t j = 0; j < w; j += 8) {
-            __m256 g = ld8(dy, r * w + j, half);
-            __m256 d = centered_ps(ld8(x, r * w + j, half), _mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j));
-            add_ps_to_pd(acc + j, g);
-            add_ps_to_pd(acc + w + j, _mm256_mul_ps(g, d));
+            for (; r < r1; r++) {
+                __m256 g = ld8(dy, r * w + j, half);
+                __m256 q = _mm256_mul_ps(g, centered_ps(ld8(x, r * w + j, half), m, l));
+                s1lo = _mm256_add_pd(s1lo, lo_pd(g));
+                s1hi = _mm256_add_pd(s1hi, hi_pd(g));
+                s2lo = _mm256_add_pd(s2lo, lo_pd(q));
+                s2hi = _mm256_add_pd(s2hi, hi_pd(q));
+            }
+            _mm256_storeu_pd(acc + j, _mm256_add_pd(_mm256_loadu_pd(acc + j), s1lo));
+            _mm256_storeu_pd(acc + j + 4, _mm256_add_pd(_mm256_loadu_pd(acc + j + 4), s1hi));
+            _mm256_storeu_pd(acc + w + j, _mm256_add_pd(_mm256_loadu_pd(acc + w + j), s2lo));
+            _mm256_storeu_pd(acc + w + j + 4, _mm256_add_pd(_mm256_loadu_pd(acc + w + j + 4), s2hi));
         }
     }
 }
