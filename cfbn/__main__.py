@@ -69,15 +69,15 @@ def self_check(rng):
 
 
 def _time(fn, min_time=0.2, max_calls=2000):
+    """Median time of one call over repeated calls (after one warm-up call)."""
     fn()
-    calls, t0 = 0, time.perf_counter()
-    best = float("inf")
-    while calls < max_calls and time.perf_counter() - t0 < min_time:
+    times, t0 = [], time.perf_counter()
+    while len(times) < max_calls and time.perf_counter() - t0 < min_time:
         t = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t)
-        calls += 1
-    return best
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return times[len(times) // 2]
 
 
 def speed_table(rng):
@@ -119,7 +119,8 @@ def main():
         return 1
     print("\nself-check passed: %d shapes x 5 layouts x float32/float64/float16, forward and "
           "gradient, against cfbn.reference (float64)" % len(CHECK_CASES))
-    print("\nfloat32 NHWC, %s kernels, %d threads; best of repeated calls\n"
+    print("\nfloat32 NHWC, %s kernels, %d threads; median of repeated calls, outputs allocated "
+          "by each call\n"
           % (info["selected_isa"], info["max_threads"]))
     print("| shape (N,H,W,C) | op | cfbn | GB/s | NumPy reference | speed-up |")
     print("|---|---|---:|---:|---:|---:|")
