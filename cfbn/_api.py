@@ -170,17 +170,21 @@ def _activation(activation, alpha):
 
 def _side_input(side_input, x):
     side = _as_array(side_input, "side_input")
+    _check_side_input(side, x)
+    return _contiguous(side)
+
+
+def _check_side_input(side, x):
     if side.dtype != x.dtype:
         raise TypeError("side_input: expected dtype %s to match x, got %s" % (x.dtype, side.dtype))
     if side.shape != x.shape:
         raise ValueError("side_input: expected x's shape %s, got %s" % (x.shape, side.shape))
-    return _contiguous(side)
 
 
-def _no_gpu_fusion(activation, alpha, side_input, extra=None):
-    if activation is not None or alpha is not None or side_input is not None or extra is not None:
-        raise NotImplementedError("activation=, alpha=, side_input= and offset= are not supported "
-                                  "for CuPy arrays yet; apply them to the result instead")
+def _check_offset_given(act, offset):
+    if act and offset is None:
+        raise ValueError("offset: required when activation is set (the gradient recomputes "
+                         "the pre-activation from it)")
 
 
 def _check_dy(dy, x):
@@ -326,10 +330,10 @@ def fused_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4
         if result is not None:
             return result
     if type(x) is not np.ndarray and _is_cupy(x):
-        _no_gpu_fusion(activation, alpha, side_input)
         from . import _gpu
         return _gpu.forward(x, scale, offset, mean, variance, epsilon, exponential_avg_factor,
-                            data_format, is_training, n_threads, out)
+                            data_format, is_training, n_threads, out, activation, alpha,
+                            side_input)
     x, dt, vdt = _tensor(x, "x")
     layout, outer, channels, inner = _layout(data_format, x)
     scale = _vector(scale, "scale", channels, vdt)
@@ -411,10 +415,10 @@ def fused_batch_norm_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2
         if result is not None:
             return result
     if type(x) is not np.ndarray and _is_cupy(x):
-        _no_gpu_fusion(activation, alpha, side_input, offset)
         from . import _gpu
         return _gpu.backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon,
-                             data_format, is_training, n_threads, out)
+                             data_format, is_training, n_threads, out, offset, activation,
+                             alpha, side_input)
     x, dt, vdt = _tensor(x, "x")
     dy = _as_array(y_backprop, "y_backprop")
     _check_dy(dy, x)
@@ -425,9 +429,7 @@ def fused_batch_norm_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2
     var = _vector(reserve_space_2, "reserve_space_2", channels, vdt)
     eps = _epsilon(epsilon)
     act, act_alpha = _activation(activation, alpha)
-    if act and offset is None:
-        raise ValueError("offset: required when activation is set (the gradient recomputes "
-                         "the pre-activation from it)")
+    _check_offset_given(act, offset)
     if offset is not None:
         offset = _vector(offset, "offset", channels, vdt)
     side = _side_input(side_input, x) if side_input is not None else None

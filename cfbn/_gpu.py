@@ -11,7 +11,15 @@ taken from csrc/bn_math.h (the kernels' preamble):
               the normalization parameters, in double
     apply     one thread per element: y = ((x - mhi) - mlo) * alpha + beta
 
-The gradient is the same three passes with its own sums and parameters.  The
+The gradient is the same three passes with its own sums and parameters.
+
+A fused activation or side input (y = act(normalize(x) + side)) runs in the
+apply pass, through bn_math.h's cfbn_fused_y (the activations there are the
+C kernels' too).  Its gradient recomputes the pre-activation per element
+from x, the saved statistics, scale, offset and side, and uses
+g = dy * act'(pre) (cfbn_fused_g) in place of dy in the sums and in dx; the
+side input's gradient is g, written by the same dx pass.  In inference, dx
+is then g * a + (center(x) * 0 + 0), as the C driver's fused pass computes it.  The
 plan depends only on the shape, and every sum has a fixed order, so results
 do not change from run to run.
 
@@ -47,7 +55,7 @@ _TYPES = {
 
 # Parameters that the calls pass as Python scalars (everything else is an array).
 SCALAR_PARAMS = frozenset({"C", "inner", "W", "P", "total", "S", "N", "G", "L", "n", "eps", "f",
-                           "training"})
+                           "training", "act_kind", "act_alpha", "has_side"})
 
 
 def header_path():
@@ -63,12 +71,24 @@ def header_path():
 _PREAMBLE = None
 
 
+def activation_enum():
+    """C declaration of enum cfbn_activation from the codes cfbn._api passes.
+
+    bn_math.h switches on these names; in C they come from cfbn.h, under
+    NVRTC (no cfbn.h in the package) from this declaration.
+    """
+    items = sorted((code, "CFBN_ACT_" + ("NONE" if name is None else name.upper()))
+                   for name, (code, _) in _api.ACTIVATIONS.items())
+    return ("enum cfbn_activation { %s };\n"
+            % ", ".join("%s = %d" % (n, c) for c, n in items))
+
+
 def preamble():
-    """The kernels' preamble: the text of bn_math.h."""
+    """The kernels' preamble: enum cfbn_activation, then the text of bn_math.h."""
     global _PREAMBLE
     if _PREAMBLE is None:
         with open(header_path()) as f:
-            _PREAMBLE = f.read()
+            _PREAMBLE = activation_enum() + f.read()
     return _PREAMBLE
 
 
@@ -126,6 +146,45 @@ def _gapply_spec(key, layout):
             % (chan, m, ct, ct))
 
 
+def _chan(layout):
+    return ("cfbn_channel_last(i, C)" if layout == "last"
+            else "cfbn_channel_first(i, inner, C)")
+
+
+def _side_value(ct, index):
+    # The side input is read only where it is used (a stand-in array is
+    # passed when there is none).
+    return "has_side ? (%s)side[%s] : (%s)0" % (ct, index, ct)
+
+
+def _apply_act_spec(key, layout):
+    sfx, xt, vt, ct, m = key
+    return ("%s x, raw %s side, raw %s mhi, raw %s mlo, raw %s alpha, raw %s beta, int64 C, "
+            "int64 inner, int32 act_kind, float64 act_alpha, int32 has_side"
+            % (xt, xt, vt, vt, vt, vt),
+            "%s y" % xt,
+            "const long long c = %s;\n"
+            "y = cfbn_fused_y_%s(act_kind, (%s)act_alpha, (%s)x, has_side, %s,\n"
+            "                   mhi[c], mlo[c], alpha[c], beta[c]);"
+            % (_chan(layout), m, ct, ct, _side_value(ct, "i")))
+
+
+def _gapply_act_spec(key, layout, with_side):
+    """dx of a fused gradient; with_side also writes side_input_backprop = g."""
+    sfx, xt, vt, ct, m = key
+    outs = "%s dx, %s side_bp" % (xt, xt) if with_side else "%s dx" % xt
+    return ("%s dy, %s x, raw %s side, raw %s mhi, raw %s mlo, raw %s a, raw %s b, raw %s cc, "
+            "raw %s ya, raw %s yb, int64 C, int64 inner, int32 act_kind, float64 act_alpha, "
+            "int32 has_side" % (xt, xt, xt, vt, vt, vt, vt, vt, vt, vt),
+            outs,
+            "const long long c = %s;\n"
+            "const %s g = cfbn_fused_g_%s(act_kind, (%s)act_alpha, (%s)dy, (%s)x, has_side, %s,\n"
+            "                              mhi[c], mlo[c], ya[c], yb[c]);\n"
+            "dx = cfbn_grad_dx_%s(g, (%s)x, mhi[c], mlo[c], a[c], b[c], cc[c]);%s"
+            % (_chan(layout), ct, m, ct, ct, ct, _side_value(ct, "i"), m, ct,
+               "\nside_bp = g;" if with_side else ""))
+
+
 # Loop bodies of the stats passes over one thread's elements; `ADD(e)` is the
 # accumulation of element e and CH the thread's channel.
 _LOOP_LAST = ("const long long CH = (i % W) % C;\n"
@@ -167,6 +226,35 @@ def _gstats_spec(key, layout):
         ADD="cfbn_gstats_add_%s((%s)dy[e], (%s)x[e], mhi, mlo, &a1, &a2);" % (m, ct, ct))
     return ("raw %s dy, raw %s x, raw %s mean, %s" % (xt, xt, vt, _LOOP_PARAMS[layout]),
             "float64 s1, float64 s2", body)
+
+
+def _gstats_act_spec(key, layout):
+    """The gradient sums of g = dy * act'(pre) instead of dy."""
+    sfx, xt, vt, ct, m = key
+    if m == "f":
+        setup = ("const float mhi = cfbn_mean_hi_f((double)mean[CH]);\n"
+                 "const float mlo = cfbn_mean_lo_f((double)mean[CH]);\n")
+    else:
+        setup = "const double mhi = mean[CH], mlo = 0.0;\n"
+    setup += ("const %s yac = ya[CH], ybc = yb[CH], aa = (%s)act_alpha;\n" % (ct, ct))
+    body = (_LOOP_LAST if layout == "last" else _LOOP_FIRST).format(
+        SETUP=setup,
+        ADD=("const %s xe = (%s)x[e];\n"
+             "    const %s g = cfbn_fused_g_%s(act_kind, aa, (%s)dy[e], xe, has_side, %s,\n"
+             "                                  mhi, mlo, yac, ybc);\n"
+             "    cfbn_gstats_add_%s(g, xe, mhi, mlo, &a1, &a2);"
+             % (ct, ct, ct, m, ct, _side_value(ct, "e"), m)))
+    return ("raw %s dy, raw %s x, raw %s side, raw %s mean, raw %s ya, raw %s yb, "
+            "int32 act_kind, float64 act_alpha, int32 has_side, %s"
+            % (xt, xt, xt, vt, vt, vt, _LOOP_PARAMS[layout]),
+            "float64 s1, float64 s2", body)
+
+
+def _grad_prep_spec(key):
+    """ya = scale * rstd: the forward's alpha, to recompute the pre-activation."""
+    sfx, xt, vt, ct, m = key
+    return ("%s scale, %s saved_variance, float64 eps" % (vt, vt), "%s ya" % vt,
+            "ya = (double)scale * cfbn_rstd((double)saved_variance, eps);")
 
 
 def _split_mean(m, target_hi, target_lo, value):
@@ -238,11 +326,16 @@ def _all_specs():
             specs["cfbn_apply_%s_%s" % (sfx, layout)] = _apply_spec(key, layout)
             specs["cfbn_gstats_%s_%s" % (sfx, layout)] = _gstats_spec(key, layout)
             specs["cfbn_gapply_%s_%s" % (sfx, layout)] = _gapply_spec(key, layout)
+            specs["cfbn_apply_act_%s_%s" % (sfx, layout)] = _apply_act_spec(key, layout)
+            specs["cfbn_gstats_act_%s_%s" % (sfx, layout)] = _gstats_act_spec(key, layout)
+            specs["cfbn_gapply_act_%s_%s" % (sfx, layout)] = _gapply_act_spec(key, layout, False)
+            specs["cfbn_gapply_side_%s_%s" % (sfx, layout)] = _gapply_act_spec(key, layout, True)
         specs["cfbn_finalize_%s" % sfx] = _forward_finalize_spec(key)
         if sfx != "f16":
             # float16 tensors have float32 vectors: they share the f32 kernels.
             specs["cfbn_infer_finalize_%s" % sfx] = _inference_finalize_spec(key)
             specs["cfbn_grad_finalize_%s" % sfx] = _grad_finalize_spec(key)
+            specs["cfbn_grad_prep_%s" % sfx] = _grad_prep_spec(key)
     return specs
 
 
@@ -347,19 +440,25 @@ def _partial_sums(cupy, name, layout, outer, channels, inner, tensors):
 
 # ---- the two entry points ----
 
+def _side_input(cupy, side_input, x, device):
+    side = _device_array(cupy, side_input, "side_input", device)
+    _api._check_side_input(side, x)
+    return side
+
+
 def forward(x, scale, offset, mean, variance, epsilon, exponential_avg_factor, data_format,
-            is_training, n_threads, out):
+            is_training, n_threads, out, activation=None, alpha=None, side_input=None):
     """fused_batch_norm on CuPy arrays; arguments as cfbn.fused_batch_norm."""
     import cupy
     if not isinstance(x, cupy.ndarray):
         raise TypeError("x: expected a cupy.ndarray, got %s" % type(x).__name__)
     with cupy.cuda.Device(x.device.id):
         return _forward(cupy, x, scale, offset, mean, variance, epsilon, exponential_avg_factor,
-                        data_format, is_training, n_threads, out)
+                        data_format, is_training, n_threads, out, activation, alpha, side_input)
 
 
 def _forward(cupy, x, scale, offset, mean, variance, epsilon, exponential_avg_factor,
-             data_format, is_training, n_threads, out):
+             data_format, is_training, n_threads, out, activation, alpha, side_input):
     device = x.device.id
     x, sfx = _tensor(cupy, x)
     layout, outer, channels, inner = _api._layout(data_format, x)
@@ -378,6 +477,8 @@ def _forward(cupy, x, scale, offset, mean, variance, epsilon, exponential_avg_fa
     if variance is not None:
         variance = _device_array(cupy, variance, "variance", device)
         _api._check_vector(variance, "variance", channels, vdt)
+    act, act_alpha = _api._activation(activation, alpha)
+    side = _side_input(cupy, side_input, x, device) if side_input is not None else None
     _api._threads(n_threads)
     vshape = (channels,)
     lname = LAYOUT_NAMES[layout]
@@ -386,7 +487,7 @@ def _forward(cupy, x, scale, offset, mean, variance, epsilon, exponential_avg_fa
         cupy, out, _api.BatchNormOutput._fields,
         ((x.shape, x.dtype), (vshape, vdt), (vshape, vdt), (vshape, vdt), (vshape, vdt)),
         (("x", x), ("scale", scale), ("offset", offset), ("mean", mean),
-         ("variance", variance)), device)
+         ("variance", variance), ("side_input", side)), device)
     params = cupy.empty((4, channels), vdt)
     mhi, mlo, alpha, beta = params
     if training:
@@ -401,25 +502,33 @@ def _forward(cupy, x, scale, offset, mean, variance, epsilon, exponential_avg_fa
     else:
         kernel("cfbn_infer_finalize_%s" % vsfx)(
             mean, variance, scale, offset, eps, bm, bv, rs1, rs2, mhi, mlo, alpha, beta)
-    if x.size:
+    if x.size and (act or side is not None):
+        # y may be x or side (an in-place call): each element reads both
+        # before it writes y.
+        kernel("cfbn_apply_act_%s_%s" % (sfx, lname))(
+            x.reshape(-1), (x if side is None else side).reshape(-1), mhi, mlo, alpha, beta,
+            channels, inner, act, act_alpha, int(side is not None), y.reshape(-1))
+    elif x.size:
         kernel("cfbn_apply_%s_%s" % (sfx, lname))(
             x.reshape(-1), mhi, mlo, alpha, beta, channels, inner, y.reshape(-1))
     return _api.BatchNormOutput(y, bm, bv, rs1, rs2)
 
 
 def backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon, data_format,
-             is_training, n_threads, out):
+             is_training, n_threads, out, offset=None, activation=None, alpha=None,
+             side_input=None):
     """fused_batch_norm_grad on CuPy arrays; arguments as cfbn.fused_batch_norm_grad."""
     import cupy
     if not isinstance(x, cupy.ndarray):
         raise TypeError("x: expected a cupy.ndarray, got %s" % type(x).__name__)
     with cupy.cuda.Device(x.device.id):
         return _backward(cupy, y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon,
-                         data_format, is_training, n_threads, out)
+                         data_format, is_training, n_threads, out, offset, activation, alpha,
+                         side_input)
 
 
 def _backward(cupy, y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon,
-              data_format, is_training, n_threads, out):
+              data_format, is_training, n_threads, out, offset, activation, alpha, side_input):
     device = x.device.id
     x, sfx = _tensor(cupy, x)
     dy = _device_array(cupy, y_backprop, "y_backprop", device)
@@ -433,24 +542,57 @@ def _backward(cupy, y_backprop, x, scale, reserve_space_1, reserve_space_2, epsi
     var = _device_array(cupy, reserve_space_2, "reserve_space_2", device)
     _api._check_vector(var, "reserve_space_2", channels, vdt)
     eps = _api._epsilon(epsilon)
+    act, act_alpha = _api._activation(activation, alpha)
+    _api._check_offset_given(act, offset)
+    if offset is not None:
+        offset = _device_array(cupy, offset, "offset", device)
+        _api._check_vector(offset, "offset", channels, vdt)
+    side = _side_input(cupy, side_input, x, device) if side_input is not None else None
     _api._threads(n_threads)
     training = bool(is_training)
     vshape = (channels,)
     lname = LAYOUT_NAMES[layout]
     vsfx = "f64" if sfx == "f64" else "f32"
-    dx, dscale, doffset = _outputs(
-        cupy, out, _api.BatchNormGrad._fields,
-        ((x.shape, x.dtype), (vshape, vdt), (vshape, vdt)),
+    result_type = _api.BatchNormGradSide if side is not None else _api.BatchNormGrad
+    specs = ((x.shape, x.dtype), (vshape, vdt), (vshape, vdt), (x.shape, x.dtype))
+    outs = _outputs(
+        cupy, out, result_type._fields, specs[:len(result_type._fields)],
         (("y_backprop", dy), ("x", x), ("scale", scale), ("reserve_space_1", mu),
-         ("reserve_space_2", var)), device)
-    sums = _partial_sums(cupy, "cfbn_gstats_%s_%s" % (sfx, lname), layout, outer, channels,
-                         inner, (dy.reshape(-1), x.reshape(-1), mu))
+         ("reserve_space_2", var), ("offset", offset), ("side_input", side)), device)
+    dx, dscale, doffset = outs[:3]
+    flat_dy, flat_x = dy.reshape(-1), x.reshape(-1)
+    if act:
+        # The forward's alpha (scale * rstd) and beta (offset) recompute the
+        # pre-activation; the side input is read only with an activation.
+        ya = cupy.empty(channels, vdt)
+        kernel("cfbn_grad_prep_%s" % vsfx)(scale, var, eps, ya)
+        fused = (flat_x if side is None else side.reshape(-1), ya, offset, act, act_alpha,
+                 int(side is not None))
+        sums = _partial_sums(cupy, "cfbn_gstats_act_%s_%s" % (sfx, lname), layout, outer,
+                             channels, inner, (flat_dy, flat_x, fused[0], mu) + fused[1:])
+    else:
+        fused = (flat_x if side is None else side.reshape(-1), scale, scale, 0, 0.0, 0)
+        sums = _partial_sums(cupy, "cfbn_gstats_%s_%s" % (sfx, lname), layout, outer,
+                             channels, inner, (flat_dy, flat_x, mu))
     params = cupy.empty((5, channels), vdt)
     mhi, mlo, a, b, c = params
     kernel("cfbn_grad_finalize_%s" % vsfx)(
         sums, scale, mu, var, channels, outer * inner, eps, int(training),
         dscale, doffset, mhi, mlo, a, b, c)
-    if x.size:
+    if x.size and (act or side is not None):
+        # g in place of dy, in training and in inference (b = c = 0 there);
+        # dx and side_input_backprop may be dy or x: each element reads its
+        # inputs before it writes.
+        side_arr, ya, yb, kind, aa, has_side = fused
+        if side is not None:
+            kernel("cfbn_gapply_side_%s_%s" % (sfx, lname))(
+                flat_dy, flat_x, side_arr, mhi, mlo, a, b, c, ya, yb, channels, inner, kind,
+                aa, has_side, dx.reshape(-1), outs[3].reshape(-1))
+        else:
+            kernel("cfbn_gapply_act_%s_%s" % (sfx, lname))(
+                flat_dy, flat_x, side_arr, mhi, mlo, a, b, c, ya, yb, channels, inner, kind,
+                aa, has_side, dx.reshape(-1))
+    elif x.size:
         if training:
             kernel("cfbn_gapply_%s_%s" % (sfx, lname))(
                 dy.reshape(-1), x.reshape(-1), mhi, mlo, a, b, c, channels, inner,
@@ -461,4 +603,4 @@ def _backward(cupy, y_backprop, x, scale, reserve_space_1, reserve_space_2, epsi
             # in inference.
             kernel("cfbn_apply_%s_%s" % (sfx, lname))(
                 dy.reshape(-1), b, b, a, b, channels, inner, dx.reshape(-1))
-    return _api.BatchNormGrad(dx, dscale, doffset)
+    return result_type(*outs)

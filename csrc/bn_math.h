@@ -11,6 +11,10 @@
  *               is near the mean (Sterbenz), so |mean| >> std keeps precision
  *   normalize   y  = center(x) * alpha + beta
  *   grad_dx     dx = dy * a + (center(x) * b + c)
+ *   act         the fused activations and their derivatives (the C kernels'
+ *               definition too, through bn_act.h)
+ *   fused_y     y = act(normalize(x) + side)
+ *   fused_g     g = dy * act'(pre-activation), the gradient's dy when fused
  *
  * Per-channel helpers work in double, as the C driver does.
  */
@@ -153,6 +157,139 @@ CFBN_INLINE void cfbn_grad_params(int training, long long n, double gamma, doubl
         *b = 0.0;
         *c = 0.0;
     }
+}
+
+/* ---- fused activation and side input ----
+ *
+ * The activations, switching on enum cfbn_activation, which must be declared
+ * before this header: cfbn.h in C (bn_act.h includes both), the first lines
+ * of the CuPy preamble in CUDA (cfbn._gpu writes them from the codes that
+ * cfbn._api passes to both targets).
+ *
+ * NaN propagates: each function compares so that a NaN argument falls
+ * through to a NaN result (relu(NaN) is NaN, as in PyTorch and TensorFlow),
+ * and derivatives of a NaN pre-activation are NaN, so a NaN in x reaches
+ * every gradient output of its channel.
+ *
+ * Kinks, as TensorFlow and PyTorch define them: relu'(0) = 0,
+ * relu6'(0) = relu6'(6) = 0, leaky_relu'(0) = alpha, elu'(0) = alpha. */
+
+CFBN_INLINE float cfbn_act_f32(int kind, float v, float alpha)
+{
+    switch (kind) {
+    case CFBN_ACT_RELU: return v < 0.0f ? 0.0f : v;
+    case CFBN_ACT_RELU6: return v < 0.0f ? 0.0f : (v > 6.0f ? 6.0f : v);
+    case CFBN_ACT_LEAKY_RELU: return v < 0.0f ? alpha * v : v;
+    /* expm1: exp(v) - 1 would cancel to a few ulps of 1 for v near 0 */
+    case CFBN_ACT_ELU: return v < 0.0f ? alpha * expm1f(v) : v;
+    case CFBN_ACT_SIGMOID: return 1.0f / (1.0f + expf(-v));
+    case CFBN_ACT_TANH: return tanhf(v);
+    case CFBN_ACT_SILU: return v / (1.0f + expf(-v));
+    default: return v;
+    }
+}
+
+/* d act / d v */
+CFBN_INLINE float cfbn_act_grad_f32(int kind, float v, float alpha)
+{
+    switch (kind) {
+    case CFBN_ACT_RELU: return v > 0.0f ? 1.0f : (v <= 0.0f ? 0.0f : v);
+    case CFBN_ACT_RELU6: return (v > 0.0f && v < 6.0f) ? 1.0f : (v == v ? 0.0f : v);
+    case CFBN_ACT_LEAKY_RELU: return v > 0.0f ? 1.0f : (v <= 0.0f ? alpha : v);
+    case CFBN_ACT_ELU: return v > 0.0f ? 1.0f : alpha * expf(v);
+    case CFBN_ACT_SIGMOID: {
+        float s = 1.0f / (1.0f + expf(-v));
+        return s * (1.0f - s);
+    }
+    case CFBN_ACT_TANH: {
+        float t = tanhf(v);
+        return 1.0f - t * t;
+    }
+    case CFBN_ACT_SILU: {
+        float s = 1.0f / (1.0f + expf(-v));
+        return s * (1.0f + v * (1.0f - s));
+    }
+    default: return 1.0f;
+    }
+}
+
+CFBN_INLINE double cfbn_act_f64(int kind, double v, double alpha)
+{
+    switch (kind) {
+    case CFBN_ACT_RELU: return v < 0.0 ? 0.0 : v;
+    case CFBN_ACT_RELU6: return v < 0.0 ? 0.0 : (v > 6.0 ? 6.0 : v);
+    case CFBN_ACT_LEAKY_RELU: return v < 0.0 ? alpha * v : v;
+    case CFBN_ACT_ELU: return v < 0.0 ? alpha * expm1(v) : v;
+    case CFBN_ACT_SIGMOID: return 1.0 / (1.0 + exp(-v));
+    case CFBN_ACT_TANH: return tanh(v);
+    case CFBN_ACT_SILU: return v / (1.0 + exp(-v));
+    default: return v;
+    }
+}
+
+CFBN_INLINE double cfbn_act_grad_f64(int kind, double v, double alpha)
+{
+    switch (kind) {
+    case CFBN_ACT_RELU: return v > 0.0 ? 1.0 : (v <= 0.0 ? 0.0 : v);
+    case CFBN_ACT_RELU6: return (v > 0.0 && v < 6.0) ? 1.0 : (v == v ? 0.0 : v);
+    case CFBN_ACT_LEAKY_RELU: return v > 0.0 ? 1.0 : (v <= 0.0 ? alpha : v);
+    case CFBN_ACT_ELU: return v > 0.0 ? 1.0 : alpha * exp(v);
+    case CFBN_ACT_SIGMOID: {
+        double s = 1.0 / (1.0 + exp(-v));
+        return s * (1.0 - s);
+    }
+    case CFBN_ACT_TANH: {
+        double t = tanh(v);
+        return 1.0 - t * t;
+    }
+    case CFBN_ACT_SILU: {
+        double s = 1.0 / (1.0 + exp(-v));
+        return s * (1.0 + v * (1.0 - s));
+    }
+    default: return 1.0;
+    }
+}
+
+/* y = act(normalize(x) + side).  The side input is added only when there is
+ * one, so a zero pre-activation keeps its sign (relu(-0) is -0, as on the
+ * CPU, where the plain value goes to the activation as it is). */
+CFBN_INLINE float cfbn_fused_y_f(int kind, float act_alpha, float x, int has_side, float side,
+                                 float mhi, float mlo, float alpha, float beta)
+{
+    float v = cfbn_normalize_f(x, mhi, mlo, alpha, beta);
+    if (has_side) v += side;
+    return cfbn_act_f32(kind, v, act_alpha);
+}
+
+CFBN_INLINE double cfbn_fused_y_d(int kind, double act_alpha, double x, int has_side, double side,
+                                  double mhi, double mlo, double alpha, double beta)
+{
+    double v = cfbn_normalize_d(x, mhi, mlo, alpha, beta);
+    if (has_side) v += side;
+    return cfbn_act_f64(kind, v, act_alpha);
+}
+
+/* g = dy * act'(pre), what the gradient's sums and dx take in place of dy.
+ * The pre-activation is recomputed from x with the forward's per-channel
+ * alpha (ya = scale * rstd) and beta (yb = offset), plus the side input when
+ * there is one.  Without an activation g = dy (the side input then only
+ * passes dy through to side_input_backprop). */
+CFBN_INLINE float cfbn_fused_g_f(int kind, float act_alpha, float dy, float x, int has_side,
+                                 float side, float mhi, float mlo, float ya, float yb)
+{
+    if (kind == CFBN_ACT_NONE) return dy;
+    float v = cfbn_normalize_f(x, mhi, mlo, ya, yb);
+    if (has_side) v += side;
+    return dy * cfbn_act_grad_f32(kind, v, act_alpha);
+}
+
+CFBN_INLINE double cfbn_fused_g_d(int kind, double act_alpha, double dy, double x, int has_side,
+                                  double side, double mhi, double mlo, double ya, double yb)
+{
+    if (kind == CFBN_ACT_NONE) return dy;
+    double v = cfbn_normalize_d(x, mhi, mlo, ya, yb);
+    if (has_side) v += side;
+    return dy * cfbn_act_grad_f64(kind, v, act_alpha);
 }
 
 /* ---- element index -> channel ---- */

@@ -33,24 +33,16 @@ from _checks import (
     vector_dtype,
 )
 
-ACTIVATIONS = [None, "relu", "relu6", "leaky_relu", "elu", "sigmoid", "tanh", "silu"]
-# a non-default alpha, so that it demonstrably reaches the kernels
-ALPHA = {"leaky_relu": 0.2, "elu": 1.3}
+from _act_checks import (ACTIVATIONS, ALPHA, FUSIONS, LIP, derivative_error, make_case,
+                         pre_activation)
+
 SHAPES = [(3, 33, 17), (1, 7, 257), (2, 5, 3)]
-LIP = {None: 1.0, "relu": 1.0, "relu6": 1.0, "leaky_relu": 1.0, "elu": 1.3, "sigmoid": 0.25,
-       "tanh": 1.0, "silu": 1.1}
-LIP2 = {None: 0.0, "relu": 0.0, "relu6": 0.0, "leaky_relu": 0.0, "elu": 1.3, "sigmoid": 0.1,
-        "tanh": 0.8, "silu": 0.5}
-KINKS = {"relu": (0.0,), "relu6": (0.0, 6.0), "leaky_relu": (0.0,), "elu": (0.0,)}
 
 
 def _ids(v):
     return "none" if v is None else str(v)
 
 
-# every activation with and without a side input (the plain call, None without
-# a side input, is test_forward.py's and test_grad.py's)
-FUSIONS = [(a, side) for a in ACTIVATIONS for side in (False, True) if a is not None or side]
 # training on every shape, inference on one
 MODES = [(True, s) for s in SHAPES] + [(False, SHAPES[0])]
 
@@ -61,37 +53,6 @@ def _fusion_id(v):
 
 def _mode_id(v):
     return ("train" if v else "infer") if isinstance(v, bool) else "x".join(map(str, v))
-
-
-def make_case(data_format, dtype, shape_case, seed, with_side):
-    rng = np.random.default_rng(seed)
-    shape = make_shape(data_format, *shape_case)
-    x = random_x(rng, shape, data_format, dtype)
-    v = random_vectors(rng, shape_case[2], dtype)
-    side = (1.5 * rng.standard_normal(shape)).astype(dtype) if with_side else None
-    dy = rng.standard_normal(shape).astype(dtype)
-    return x, v, side, dy
-
-
-def pre_activation(x, scale, offset, mu, var, side, epsilon, data_format):
-    xd = np.asarray(x, np.float64)
-
-    def bc(v):
-        return per_channel_view(v, data_format, xd.ndim)
-
-    r = 1.0 / np.sqrt(np.asarray(var, np.float64) + epsilon)
-    pre = bc(np.asarray(scale, np.float64) * r) * (xd - bc(mu)) + bc(offset)
-    if side is not None:
-        pre = pre + np.asarray(side, np.float64)
-    return pre
-
-
-def derivative_error(act, pre, pre_err, u):
-    """Bound on |act'| error at each element (see the module docstring)."""
-    tol = LIP2[act] * pre_err + 8 * u * 1.3
-    for k in KINKS.get(act, ()):
-        tol = np.where(np.abs(pre - k) <= 2 * pre_err, tol + 2.3, tol)
-    return tol
 
 
 @pytest.mark.parametrize("is_training,shape_case", MODES, ids=_mode_id)

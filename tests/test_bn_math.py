@@ -3,21 +3,29 @@
 The header is compiled with the system C compiler into a small shared
 library; the CuPy path's passes (cfbn._gpu: its stats plan, then finalize,
 then apply) are replayed with those functions and NumPy, and compared with
-cfbn.reference.  No GPU or CuPy needed.
+cfbn.reference.  The fused activation and side input are replayed the same
+way (cfbn_fused_y, cfbn_fused_g) and held to test_activation.py's bounds.
+No GPU or CuPy needed.
 """
 import ctypes
 import os
+import re
 import shutil
 import subprocess
 
 import numpy as np
 import pytest
 
+import cfbn
+from _act_checks import (ALPHA, FUSIONS, check_fused_forward, check_fused_grad, fusion_id,
+                         make_case)
 from _checks import (DTYPES, LAYOUTS, SHAPES, check_forward, check_grad, make_shape,
                      random_vectors, random_x, seed_of, vector_dtype)
 from cfbn import _api, _gpu, reference
 
-WRAPPER = r"""
+# bn_math.h needs enum cfbn_activation declared first: the declaration the
+# CuPy preamble starts with.
+WRAPPER = _gpu.activation_enum() + r"""
 #include "bn_math.h"
 #define LOOP for (long long i = 0; i < count; i++)
 long long chan(long long i, long long C, long long inner, int first)
@@ -63,6 +71,33 @@ void gstats_f(long long count, const float *dy, const float *x, float mhi, float
 { s[0] = s[1] = 0.0; LOOP cfbn_gstats_add_f(dy[i], x[i], mhi, mlo, &s[0], &s[1]); }
 void stats(long long count, const double *x, double shift, double *s)
 { s[0] = s[1] = 0.0; LOOP cfbn_stats_add(x[i], shift, &s[0], &s[1]); }
+/* fused: p = mhi, mlo, alpha, beta (forward) or mhi, mlo, ya, yb (g); side may be NULL */
+void fused_y_f(long long count, const float *x, const float *side, float *y, const float *p,
+               long long C, long long inner, int first, int kind, double act_alpha)
+{ LOOP { long long c = chan(i, C, inner, first);
+         y[i] = cfbn_fused_y_f(kind, (float)act_alpha, x[i], side != 0, side ? side[i] : 0.0f,
+                               p[c], p[C + c], p[2 * C + c], p[3 * C + c]); } }
+void fused_y_d(long long count, const double *x, const double *side, double *y, const double *p,
+               long long C, long long inner, int first, int kind, double act_alpha)
+{ LOOP { long long c = chan(i, C, inner, first);
+         y[i] = cfbn_fused_y_d(kind, act_alpha, x[i], side != 0, side ? side[i] : 0.0,
+                               p[c], p[C + c], p[2 * C + c], p[3 * C + c]); } }
+void fused_g_f(long long count, const float *dy, const float *x, const float *side, float *g,
+               const float *p, long long C, long long inner, int first, int kind,
+               double act_alpha)
+{ LOOP { long long c = chan(i, C, inner, first);
+         g[i] = cfbn_fused_g_f(kind, (float)act_alpha, dy[i], x[i], side != 0,
+                               side ? side[i] : 0.0f, p[c], p[C + c], p[2 * C + c],
+                               p[3 * C + c]); } }
+void fused_g_d(long long count, const double *dy, const double *x, const double *side,
+               double *g, const double *p, long long C, long long inner, int first, int kind,
+               double act_alpha)
+{ LOOP { long long c = chan(i, C, inner, first);
+         g[i] = cfbn_fused_g_d(kind, act_alpha, dy[i], x[i], side != 0, side ? side[i] : 0.0,
+                               p[c], p[C + c], p[2 * C + c], p[3 * C + c]); } }
+/* cfbn_grad_prep's ya = scale * rstd */
+void grad_ya(long long count, const double *gamma, const double *var, double eps, double *out)
+{ LOOP out[i] = gamma[i] * cfbn_rstd(var[i], eps); }
 """
 
 CC = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
@@ -107,7 +142,16 @@ def _plan_sums(layout, outer, channels, inner, values):
     return part.reshape(channels, -1).sum(axis=1)
 
 
-def emulate_forward(lib, x, v, *, epsilon, data_format, is_training, factor):
+def _fused_args(act, alpha, side, comp):
+    """(act code, act alpha, side as the compute type or None)."""
+    code, a = _api._activation(act, alpha)
+    if side is not None:
+        side = np.ascontiguousarray(side).reshape(-1).astype(comp)
+    return code, a, side
+
+
+def emulate_forward(lib, x, v, *, epsilon, data_format, is_training, factor, act=None,
+                    alpha=None, side=None):
     xc = np.ascontiguousarray(x)
     layout, outer, channels, inner = _api._layout(data_format, xc)
     vdt = vector_dtype(x.dtype)
@@ -137,14 +181,21 @@ def emulate_forward(lib, x, v, *, epsilon, data_format, is_training, factor):
                         d(v["offset"])])
     params = np.ascontiguousarray(vec[4:], comp)
     y = np.empty_like(flat)
-    fn = lib.apply_f if f32 else lib.apply_d
-    fn(ctypes.c_longlong(flat.size), _p(flat), _p(y), _p(params), ctypes.c_longlong(channels),
-       ctypes.c_longlong(max(inner, 1)), ctypes.c_int(layout))
+    args = (ctypes.c_longlong(channels), ctypes.c_longlong(max(inner, 1)), ctypes.c_int(layout))
+    code, act_alpha, side = _fused_args(act, alpha, side, comp)
+    if code or side is not None:
+        fn = lib.fused_y_f if f32 else lib.fused_y_d
+        fn(ctypes.c_longlong(flat.size), _p(flat), None if side is None else _p(side), _p(y),
+           _p(params), *args, ctypes.c_int(code), ctypes.c_double(act_alpha))
+    else:
+        fn = lib.apply_f if f32 else lib.apply_d
+        fn(ctypes.c_longlong(flat.size), _p(flat), _p(y), _p(params), *args)
     stats = [vec[k].astype(vdt) for k in range(4)]
     return reference.BatchNormOutput(y.astype(x.dtype).reshape(x.shape), *stats)
 
 
-def emulate_grad(lib, dy, x, scale, mu, var, *, epsilon, data_format, is_training):
+def emulate_grad(lib, dy, x, scale, mu, var, *, epsilon, data_format, is_training, offset=None,
+                 act=None, alpha=None, side=None):
     xc = np.ascontiguousarray(x)
     layout, outer, channels, inner = _api._layout(data_format, xc)
     vdt = vector_dtype(x.dtype)
@@ -157,6 +208,27 @@ def emulate_grad(lib, dy, x, scale, mu, var, *, epsilon, data_format, is_trainin
     hi = mu64.astype(comp)
     lo = (mu64 - hi.astype(np.float64)).astype(comp)
     centered = (xf - hi[None, :, None]) - lo[None, :, None]      # in the compute type
+    args = (ctypes.c_longlong(channels), ctypes.c_longlong(max(inner, 1)), ctypes.c_int(layout))
+    code, act_alpha, side_c = _fused_args(act, alpha, side, comp)
+    fused = bool(code) or side is not None
+    g_out = None
+    if code:
+        # cfbn_grad_prep, then g = dy * act'(pre) in place of dy, as cfbn_gstats_act
+        # and cfbn_gapply_act/_side compute it per element
+        ya = np.empty(channels)
+        lib.grad_ya(ctypes.c_longlong(channels), _p(np.ascontiguousarray(scale, np.float64)),
+                    _p(np.ascontiguousarray(var, np.float64)), ctypes.c_double(epsilon), _p(ya))
+        gp = np.ascontiguousarray(np.stack([hi, lo, ya.astype(comp), np.asarray(offset, comp)]),
+                                  comp)
+        g = np.empty(xf.size, comp)
+        fn = lib.fused_g_f if f32 else lib.fused_g_d
+        fn(ctypes.c_longlong(g.size), _p(np.ascontiguousarray(gf.reshape(-1))),
+           _p(np.ascontiguousarray(xf.reshape(-1))),
+           None if side_c is None else _p(side_c), _p(g), _p(gp), *args, ctypes.c_int(code),
+           ctypes.c_double(act_alpha))
+        gf = g.reshape(gf.shape)
+    if side is not None:
+        g_out = gf.reshape(-1).astype(x.dtype).reshape(x.shape)
     s1 = _plan_sums(layout, outer, channels, inner, gf.astype(np.float64).reshape(-1))
     s2 = _plan_sums(layout, outer, channels, inner,
                     (gf.astype(np.float64) * centered.astype(np.float64)).reshape(-1))
@@ -169,8 +241,7 @@ def emulate_grad(lib, dy, x, scale, mu, var, *, epsilon, data_format, is_trainin
     vec = out.reshape(5, channels)
     flat_x, flat_g = xf.reshape(-1).copy(), gf.reshape(-1).copy()
     dx = np.empty_like(flat_x)
-    args = (ctypes.c_longlong(channels), ctypes.c_longlong(max(inner, 1)), ctypes.c_int(layout))
-    if is_training:
+    if is_training or fused:
         params = np.ascontiguousarray(np.stack([hi, lo, *vec[2:].astype(comp)]), comp)
         fn = lib.gapply_f if f32 else lib.gapply_d
         fn(ctypes.c_longlong(dx.size), _p(flat_g), _p(flat_x), _p(dx), _p(params), *args)
@@ -179,8 +250,10 @@ def emulate_grad(lib, dy, x, scale, mu, var, *, epsilon, data_format, is_trainin
         params = np.ascontiguousarray(np.stack([zero, zero, vec[2].astype(comp), zero]), comp)
         fn = lib.apply_f if f32 else lib.apply_d
         fn(ctypes.c_longlong(dx.size), _p(flat_g), _p(dx), _p(params), *args)
-    return reference.BatchNormGrad(dx.astype(x.dtype).reshape(x.shape), vec[0].astype(vdt),
-                                   vec[1].astype(vdt))
+    result = (dx.astype(x.dtype).reshape(x.shape), vec[0].astype(vdt), vec[1].astype(vdt))
+    if side is not None:
+        return reference.BatchNormGradSide(*result, g_out)
+    return reference.BatchNormGrad(*result)
 
 
 @pytest.mark.parametrize("dims", SHAPES + [(64, 4096, 3), (2, 70000, 2)], ids=str)
@@ -236,3 +309,94 @@ def test_stats_plan_covers_every_element_once():
             assert p1 % c == 0 and p1 * p2 <= max(_gpu.TARGET_THREADS, p1)
         else:
             assert 1 <= p1 <= outer and 1 <= p2 <= inner
+
+
+# training on several shapes (one empty batch), inference on one
+FUSED_MODES = [(True, (3, 33, 17)), (True, (1, 7, 257)), (True, (2, 5, 3)), (True, (0, 7, 8)),
+               (True, (64, 4096, 3)), (False, (3, 33, 17))]
+
+
+def _mode_id(v):
+    return ("train" if v else "infer") if isinstance(v, bool) else "x".join(map(str, v))
+
+
+@pytest.mark.parametrize("is_training,shape_case", FUSED_MODES, ids=_mode_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW", "NC"])
+@pytest.mark.parametrize("act,with_side", FUSIONS, ids=fusion_id)
+def test_gpu_formulas_fused(lib, act, with_side, data_format, dtype, is_training, shape_case):
+    x, v, side, dy = make_case(data_format, dtype, shape_case,
+                               seed_of("bn_math-fused", act, data_format, np.dtype(dtype).name,
+                                       with_side, is_training, shape_case), with_side)
+    alpha = ALPHA.get(act)
+    kw = dict(epsilon=1e-3, data_format=data_format, is_training=is_training)
+    mean, var = (None, None) if is_training else (v["mean"], v["variance"])
+    stats = {k: (v[k] if mean is not None else np.full_like(v[k], np.nan))
+             for k in ("mean", "variance")}
+    with np.errstate(invalid="ignore"):
+        got = emulate_forward(lib, x, dict(v, **stats), factor=1.0, act=act, alpha=alpha,
+                              side=side, **kw)
+    check_fused_forward(got, x, v["scale"], v["offset"], mean, var, side, act, alpha, **kw)
+    vdt = vector_dtype(dtype)
+    if is_training:
+        fwd = reference.fused_batch_norm(x, v["scale"], v["offset"], data_format=data_format)
+        mu, var = fwd.reserve_space_1.astype(vdt), fwd.reserve_space_2.astype(vdt)
+    else:
+        mu, var = v["mean"], v["variance"]
+    with np.errstate(invalid="ignore"):
+        grad = emulate_grad(lib, dy, x, v["scale"], mu, var, offset=v["offset"], act=act,
+                            alpha=alpha, side=side, **kw)
+    assert isinstance(grad, reference.BatchNormGradSide if with_side else reference.BatchNormGrad)
+    check_fused_grad(grad, dy, x, v["scale"], v["offset"], mu, var, side, act, alpha, **kw)
+
+
+@pytest.mark.parametrize("act", ["relu", "relu6", "leaky_relu", "elu"])
+def test_fused_derivative_at_kinks(lib, act):
+    """relu'(0) = 0, relu6'(0) = relu6'(6) = 0, leaky_relu'(0) = elu'(0) = alpha."""
+    x = np.array([[0.0, 6.0, -1.0, 2.0]], np.float32)
+    ones, zeros = np.ones(4, np.float32), np.zeros(4, np.float32)
+    g = emulate_grad(lib, np.ones_like(x), x, ones, zeros, ones, epsilon=0.0, data_format="NC",
+                     is_training=False, offset=zeros, act=act)
+    alpha = {"leaky_relu": 0.01, "elu": 1.0}.get(act, 0.0)
+    want = {"relu": [0, 1, 0, 1], "relu6": [0, 0, 0, 1],
+            "leaky_relu": [alpha, 1, alpha, 1], "elu": [alpha, 1, np.exp(-1.0), 1]}[act]
+    np.testing.assert_allclose(g.x_backprop[0], want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_fused_matches_cpu_path(lib, dtype):
+    """The replayed GPU formulas against the C kernels, every activation with a side input."""
+    for act in [None, "relu", "relu6", "leaky_relu", "elu", "sigmoid", "tanh", "silu"]:
+        x, v, side, dy = make_case("NHWC", dtype, (2, 9, 5), seed_of("bn_math-cpu", act), True)
+        alpha = ALPHA.get(act)
+        kw = dict(epsilon=1e-3, data_format="NHWC", is_training=True)
+        cpu = cfbn.fused_batch_norm(x, v["scale"], v["offset"], activation=act, alpha=alpha,
+                                    side_input=side, **kw)
+        got = emulate_forward(lib, x, v, factor=1.0, act=act, alpha=alpha, side=side, **kw)
+        tol = 1e-2 if dtype == np.float16 else (1e-5 if dtype == np.float32 else 1e-12)
+        np.testing.assert_allclose(got.y.astype(np.float64), cpu.y.astype(np.float64),
+                                   rtol=tol, atol=tol)
+        cg = cfbn.fused_batch_norm_grad(dy, x, v["scale"], cpu.reserve_space_1,
+                                        cpu.reserve_space_2, offset=v["offset"], activation=act,
+                                        alpha=alpha, side_input=side, **kw)
+        gg = emulate_grad(lib, dy, x, v["scale"], cpu.reserve_space_1, cpu.reserve_space_2,
+                          offset=v["offset"], act=act, alpha=alpha, side=side, **kw)
+        assert type(gg).__name__ == type(cg).__name__
+        for a, b in zip(gg, cg):
+            np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64),
+                                       rtol=tol, atol=tol * 10)
+
+
+def test_preamble_enum_matches_cfbn_h():
+    """The activation codes the CuPy preamble declares are cfbn.h's."""
+    header = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc",
+                          "cfbn.h")
+    if not os.path.exists(header):
+        pytest.skip("csrc/cfbn.h is not next to the tests (an installed wheel)")
+    with open(header) as f:
+        body = re.search(r"enum cfbn_activation \{(.*?)\};", f.read(), re.S).group(1)
+    want = {name: int(code) for name, code in re.findall(r"(CFBN_ACT_\w+) = (\d+)", body)}
+    want.pop("CFBN_ACT_COUNT")
+    got = {name: int(code) for name, code in
+           re.findall(r"(CFBN_ACT_\w+) = (\d+)", _gpu.activation_enum())}
+    assert got == want

@@ -1,7 +1,8 @@
 """The CuPy path against cfbn.reference and the CPU path; the array-type dispatch.
 
 Execution tests need a GPU and are skipped, with the reason, where CuPy is
-missing or cupy.is_available() is false.  The dispatch tests run anywhere.
+missing or cupy.is_available() is false.  The fused activation and side input
+are held to test_activation.py's bounds (tests/_act_checks.py).  The dispatch tests run anywhere.
 """
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import numpy as np
 import pytest
 
 import cfbn
+from _act_checks import (ACTIVATIONS, ALPHA, FUSIONS, KINKS, check_fused_forward,
+                         check_fused_grad, fusion_id, make_case)
 from _checks import (DTYPES, LAYOUTS, check_forward, check_grad, make_shape, random_vectors,
                      random_x, seed_of, vector_dtype)
 
@@ -121,6 +124,137 @@ def test_gpu_errors_match_cpu_wording():
         cfbn.fused_batch_norm(x, s, np.ones(4, np.float32))
     with pytest.raises(ValueError, match="data_format"):
         cfbn.fused_batch_norm(x, s, s, data_format="NWHC")
+
+
+# ---- fused activation and side input ----
+
+# training on every shape, inference on one
+FUSED_MODES = [(True, d) for d in [(3, 33, 17), (1, 7, 257), (0, 7, 8), (8, 4096, 16)]] + [
+    (False, (3, 33, 17))]
+
+
+def _mode_id(v):
+    return ("train" if v else "infer") if isinstance(v, bool) else "x".join(map(str, v))
+
+
+@needs_gpu
+@pytest.mark.parametrize("is_training,dims", FUSED_MODES, ids=_mode_id)
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW", "NC"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("act,with_side", FUSIONS, ids=fusion_id)
+def test_fused_matches_reference_and_cpu(act, with_side, dtype, data_format, dims, is_training):
+    x, v, side, dy = make_case(data_format, dtype, dims,
+                               seed_of("gpu-fused", act, with_side, dtype, data_format, dims,
+                                       is_training), with_side)
+    alpha = ALPHA.get(act)
+    kw = dict(epsilon=1e-3, data_format=data_format, is_training=is_training)
+    mean, var = (None, None) if is_training else (v["mean"], v["variance"])
+    dev = lambda a: None if a is None else cupy.asarray(a)  # noqa: E731
+    got = cfbn.fused_batch_norm(dev(x), dev(v["scale"]), dev(v["offset"]), dev(mean), dev(var),
+                                activation=act, alpha=alpha, side_input=dev(side), **kw)
+    host = to_host(got)
+    check_fused_forward(host, x, v["scale"], v["offset"], mean, var, side, act, alpha, **kw)
+    cpu = cfbn.fused_batch_norm(x, v["scale"], v["offset"], mean, var, activation=act,
+                                alpha=alpha, side_input=side, **kw)
+    tol = 1e-2 if dtype == np.float16 else 1e-5
+    for g, c in zip(host, cpu):
+        np.testing.assert_allclose(g.astype(np.float64), c.astype(np.float64), rtol=tol,
+                                   atol=tol)
+    mu, sv = (host.reserve_space_1, host.reserve_space_2) if is_training else (mean, var)
+    grad = cfbn.fused_batch_norm_grad(dev(dy), dev(x), dev(v["scale"]), dev(mu), dev(sv),
+                                      offset=dev(v["offset"]), activation=act, alpha=alpha,
+                                      side_input=dev(side), **kw)
+    assert type(grad) is (cfbn.BatchNormGradSide if with_side else cfbn.BatchNormGrad)
+    hg = to_host(grad)
+    check_fused_grad(hg, dy, x, v["scale"], v["offset"], mu, sv, side, act, alpha, **kw)
+    if act in KINKS:
+        # a pre-activation within rounding of a kink may take either side's
+        # derivative on either path; the reference bounds above allow for it
+        return
+    cg = cfbn.fused_batch_norm_grad(dy, x, v["scale"], mu, sv, offset=v["offset"],
+                                    activation=act, alpha=alpha, side_input=side, **kw)
+    for g, c in zip(hg, cg):
+        np.testing.assert_allclose(g.astype(np.float64), c.astype(np.float64), rtol=tol,
+                                   atol=tol * 10)
+
+
+@needs_gpu
+@pytest.mark.parametrize("act", ["relu", "relu6", "leaky_relu", "elu"])
+def test_fused_derivative_at_kinks(act):
+    """relu'(0) = 0, relu6'(0) = relu6'(6) = 0, leaky_relu'(0) = elu'(0) = alpha."""
+    x = cupy.asarray(np.array([[0.0, 6.0, -1.0, 2.0]], np.float32))
+    ones, zeros = cupy.ones(4, np.float32), cupy.zeros(4, np.float32)
+    g = cfbn.fused_batch_norm_grad(cupy.ones_like(x), x, ones, zeros, ones, epsilon=0.0,
+                                   data_format="NC", is_training=False, offset=zeros,
+                                   activation=act)
+    alpha = {"leaky_relu": 0.01, "elu": 1.0}.get(act, 0.0)
+    want = {"relu": [0, 1, 0, 1], "relu6": [0, 0, 0, 1],
+            "leaky_relu": [alpha, 1, alpha, 1], "elu": [alpha, 1, np.exp(-1.0), 1]}[act]
+    np.testing.assert_allclose(cupy.asnumpy(g.x_backprop[0]), want, rtol=1e-6)
+
+
+@needs_gpu
+@pytest.mark.parametrize("act", ACTIVATIONS[1:], ids=fusion_id)
+def test_fused_nan_propagates(act):
+    rng = np.random.default_rng(3)
+    xh = rng.standard_normal((4, 5, 5, 3)).astype(np.float32)
+    xh[1, 2, 3, 1] = np.nan
+    x = cupy.asarray(xh)
+    s, o = cupy.ones(3, np.float32), cupy.zeros(3, np.float32)
+    y = cfbn.fused_batch_norm(x, s, o, activation=act)
+    yy = cupy.asnumpy(y.y)
+    assert np.isnan(yy[..., 1]).all() and not np.isnan(yy[..., [0, 2]]).any()
+    g = to_host(cfbn.fused_batch_norm_grad(cupy.ones_like(x), x, s, y.reserve_space_1,
+                                           y.reserve_space_2, offset=o, activation=act))
+    assert np.isnan(g.x_backprop[..., 1]).all() and not np.isnan(g.x_backprop[..., [0, 2]]).any()
+    assert np.isnan(g.scale_backprop[1]) and np.isnan(g.offset_backprop[1])
+
+
+@needs_gpu
+def test_fused_in_place_on_side_input_and_dy():
+    rng = np.random.default_rng(5)
+    x = cupy.asarray(rng.standard_normal((2, 9, 7, 19)).astype(np.float32))
+    side = cupy.asarray(rng.standard_normal(x.shape).astype(np.float32))
+    s, o = cupy.ones(19, np.float32), cupy.zeros(19, np.float32)
+    want = cfbn.fused_batch_norm(x, s, o, activation="relu", side_input=side)
+    buf = side.copy()
+    got = cfbn.fused_batch_norm(x, s, o, activation="relu", side_input=buf, out={"y": buf})
+    assert got.y is buf
+    cupy.testing.assert_array_equal(buf, want.y)
+    dy = cupy.asarray(rng.standard_normal(x.shape).astype(np.float32))
+    gw = cfbn.fused_batch_norm_grad(dy, x, s, want.reserve_space_1, want.reserve_space_2,
+                                    offset=o, activation="silu", side_input=side)
+    dyb = dy.copy()
+    gg = cfbn.fused_batch_norm_grad(dyb, x, s, want.reserve_space_1, want.reserve_space_2,
+                                    offset=o, activation="silu", side_input=side,
+                                    out={"x_backprop": dyb})
+    assert gg.x_backprop is dyb
+    cupy.testing.assert_array_equal(dyb, gw.x_backprop)
+    cupy.testing.assert_array_equal(gg.side_input_backprop, gw.side_input_backprop)
+
+
+@needs_gpu
+def test_fused_errors_match_cpu_wording():
+    x = cupy.ones((2, 3), np.float32)
+    s = cupy.ones(3, np.float32)
+    kw = {"data_format": "NC"}
+    with pytest.raises(ValueError, match="activation"):
+        cfbn.fused_batch_norm(x, s, s, activation="gelu", **kw)
+    with pytest.raises(ValueError, match="alpha"):
+        cfbn.fused_batch_norm(x, s, s, activation="relu", alpha=0.1, **kw)
+    with pytest.raises(ValueError, match="side_input"):
+        cfbn.fused_batch_norm(x, s, s, side_input=cupy.ones((3, 2), np.float32), **kw)
+    with pytest.raises(TypeError, match="side_input"):
+        cfbn.fused_batch_norm(x, s, s, side_input=cupy.ones((2, 3), np.float64), **kw)
+    with pytest.raises(TypeError, match="side_input.*host memory.*CuPy"):
+        cfbn.fused_batch_norm(x, s, s, side_input=np.ones((2, 3), np.float32), **kw)
+    with pytest.raises(ValueError, match="offset"):
+        cfbn.fused_batch_norm_grad(x, x, s, s, s, activation="relu", **kw)
+    with pytest.raises(TypeError, match="offset.*host memory"):
+        cfbn.fused_batch_norm_grad(x, x, s, s, s, offset=np.ones(3, np.float32),
+                                   activation="relu", **kw)
+    with pytest.raises(ValueError, match="4 entries"):
+        cfbn.fused_batch_norm_grad(x, x, s, s, s, side_input=x, out=(None, None, None), **kw)
 
 
 # ---- dispatch: no GPU needed ----

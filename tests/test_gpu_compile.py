@@ -107,8 +107,9 @@ def nvrtc_ptx(src, name, arch):
 def test_every_kernel_is_named_and_listed():
     names = sorted(_gpu.KERNEL_SPECS)
     assert all(re.fullmatch(r"cfbn_[a-z0-9_]+", n) for n in names)
-    # 4 passes x 3 dtypes x 2 layouts, 3 forward finalizers, 2 + 2 by vector dtype
-    assert len(names) == 31
+    # 4 plain passes and 4 fused ones (apply_act, gstats_act, gapply_act, gapply_side)
+    # x 3 dtypes x 2 layouts; 3 forward finalizers; 3 kernels by vector dtype x 2
+    assert len(names) == 8 * 3 * 2 + 3 + 3 * 2
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -133,6 +134,12 @@ def test_header_compiles_alone_under_nvrtc(arch):
            '  y[0] = cfbn_normalize_f(x[0], cfbn_mean_hi_f(m), cfbn_mean_lo_f(m), 1.f, 0.f);\n'
            '  s[0] = cfbn_grad_dx_d(1.0, 2.0, m, 0.0, v, 1.0, 0.0);\n'
            '  s[1] = (double)cfbn_channel_first(threadIdx.x, 3, 5);\n'
+           '  for (int k = CFBN_ACT_NONE; k <= CFBN_ACT_SILU; k++) {\n'
+           '    y[1 + k] = cfbn_fused_y_f(k, 0.2f, x[1], 1, x[2], 0.f, 0.f, 1.f, 0.f)\n'
+           '               + cfbn_fused_g_f(k, 0.2f, x[3], x[1], 1, x[2], 0.f, 0.f, 1.f, 0.f);\n'
+           '    s[2 + k] = cfbn_fused_y_d(k, 1.3, s[0], 0, 0.0, 0.0, 0.0, 1.0, 0.0)\n'
+           '               + cfbn_fused_g_d(k, 1.3, 1.0, s[0], 0, 0.0, 0.0, 0.0, 1.0, 0.0);\n'
+           '  }\n'
            '}\n')
     nvrtc = INTERNALS["nvrtc"]
     prog = nvrtc.createProgram(src, "probe.cu", [_gpu.preamble().encode()],
