@@ -116,22 +116,26 @@ def _check_vector(v, name, channels, dtype):
                          % (name, channels, v.shape))
 
 
-def _epsilon(epsilon):
+def _real(value, name):
+    """A real number as a float; strings and other non-numbers are a TypeError
+    (float() would parse "1e-3", which no caller means)."""
+    if isinstance(value, (str, bytes, bool)):
+        raise TypeError("%s: expected a float, got %r" % (name, value))
     try:
-        e = float(epsilon)
+        return float(value)
     except (TypeError, ValueError):
-        raise TypeError("epsilon: expected a float, got %r" % (epsilon,)) from None
+        raise TypeError("%s: expected a float, got %r" % (name, value)) from None
+
+
+def _epsilon(epsilon):
+    e = _real(epsilon, "epsilon")
     if not (e >= 0.0 and math.isfinite(e)):
         raise ValueError("epsilon: expected a finite value >= 0, got %r" % (epsilon,))
     return e
 
 
 def _factor(exponential_avg_factor):
-    try:
-        factor = float(exponential_avg_factor)
-    except (TypeError, ValueError):
-        raise TypeError("exponential_avg_factor: expected a float, got %r"
-                        % (exponential_avg_factor,)) from None
+    factor = _real(exponential_avg_factor, "exponential_avg_factor")
     if not (0.0 <= factor <= 1.0):
         raise ValueError("exponential_avg_factor: expected a value in [0, 1], got %r"
                          % (exponential_avg_factor,))

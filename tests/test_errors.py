@@ -75,6 +75,9 @@ FORWARD_ERRORS = [
     ("epsilon-negative", dict(epsilon=-1e-3), ValueError, ["epsilon"]),
     ("epsilon-nan", dict(epsilon=float("nan")), ValueError, ["epsilon"]),
     ("epsilon-inf", dict(epsilon=float("inf")), ValueError, ["epsilon"]),
+    ("epsilon-string", dict(epsilon="1e-3"), TypeError, ["epsilon"]),
+    ("epsilon-bool", dict(epsilon=True), TypeError, ["epsilon"]),
+    ("factor-string", dict(exponential_avg_factor="0.5"), TypeError, ["exponential_avg_factor"]),
     ("factor-nan", dict(exponential_avg_factor=float("nan")), ValueError,
      ["exponential_avg_factor"]),
     ("factor-inf", dict(exponential_avg_factor=float("inf")), ValueError,
@@ -141,6 +144,7 @@ GRAD_ERRORS = [
     ("scale-none", dict(scale=None), TypeError, ["scale"]),
     ("epsilon-negative", dict(epsilon=-1.0), ValueError, ["epsilon"]),
     ("epsilon-nan", dict(epsilon=float("nan")), ValueError, ["epsilon"]),
+    ("epsilon-string", dict(epsilon="1e-3"), TypeError, ["epsilon"]),
     ("threads-0", dict(n_threads=0), ValueError, ["n_threads"]),
     ("threads-float", dict(n_threads=2.0), TypeError, ["n_threads"]),
 ]
