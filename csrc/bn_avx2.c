@@ -362,67 +362,47 @@ INLINE __m256 shift_ps(const double *shift)
     return _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(shift + 4)), _mm256_cvtpd_ps(_mm256_loadu_pd(shift)));
 }
 
-/* Rows per sub-block: a sub-block of every array read stays within 16 KB, so
- * that the second column group to touch a cache line finds it in L1. */
-INLINE int64_t sub_rows(int64_t w, int arrays)
+/* Blocks of 8 rows are walked in memory order, and acc (2 w doubles, which
+ * stay in L1) takes each block's sums.  Loads of a block come from 8 rows at
+ * once, a pattern the hardware prefetchers follow poorly from DRAM, so each
+ * column group also prefetches its share of the lines PREFETCH_BYTES ahead
+ * in every array it reads: 8 rows x 8 columns, that is 64 elements. */
+#define PREFETCH_BYTES 4096
+
+INLINE void prefetch_group(const void *base, int64_t o, int64_t j, size_t es)
 {
-    int64_t r = (4096 / arrays / w) & ~(int64_t)7;
-    return r < 8 ? 8 : r;
+    const char *q = (const char *)base + (size_t)o * es + PREFETCH_BYTES + (size_t)j * 8 * es;
+    for (size_t b = 0; b < 64 * es; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
 }
 
-/* Walking a sub-block column group by column group reads memory in strides
- * the hardware prefetchers follow poorly when the tensor comes from DRAM, so
- * each column group also prefetches its share of the lines of the sub-block
- * after next, in address order. */
-INLINE void prefetch_share(const char *next, int64_t bytes, int64_t part, int64_t parts)
+INLINE void add_block(double *acc, int64_t w, int64_t j, __m256 t1, __m256 t2)
 {
-    int64_t lo = bytes * part / parts, hi = bytes * (part + 1) / parts;
-    for (int64_t b = lo & ~(int64_t)63; b < hi; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
+    _mm256_storeu_pd(acc + j, _mm256_add_pd(_mm256_loadu_pd(acc + j), lo_pd(t1)));
+    _mm256_storeu_pd(acc + j + 4, _mm256_add_pd(_mm256_loadu_pd(acc + j + 4), hi_pd(t1)));
+    _mm256_storeu_pd(acc + w + j, _mm256_add_pd(_mm256_loadu_pd(acc + w + j), lo_pd(t2)));
+    _mm256_storeu_pd(acc + w + j + 4, _mm256_add_pd(_mm256_loadu_pd(acc + w + j + 4), hi_pd(t2)));
 }
 
-/* A sub-block's sums live in registers, column group by column group, and
- * reach acc once per sub-block: read-modify-writes of acc between the loads
- * of x would stall on the loads whose addresses match a pending store in
- * their low 12 bits (4K aliasing), which happens for whole tensors at some
- * relative placements of x and acc. */
 INLINE void stats_rows8_ps(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int half)
 {
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
-    const int64_t R = sub_rows(w, 1);
     const size_t es = half ? 2 : 4;
-    for (int64_t r0 = 0; r0 < rows; r0 += R) {
-        const int64_t r1 = r0 + R < rows ? r0 + R : rows;
-        const int64_t r2 = r1 + R < rows ? r1 + R : rows, r3 = r2 + R < rows ? r2 + R : rows;
-        const char *next = (const char *)x + (size_t)(r2 * w) * es;
-        const int64_t next_bytes = (r3 - r2) * w * (int64_t)es;
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8) {
+        const int64_t o = r * w;
         for (int64_t j = 0; j < w; j += 8) {
-            prefetch_share(next, next_bytes, j / 8, w / 8);
+            prefetch_group(x, o, j, es);
             __m256 k = shift_ps(shift + j);
-            __m256d s1lo = _mm256_setzero_pd(), s1hi = s1lo, s2lo = s1lo, s2hi = s1lo;
-            int64_t r = r0;
-            for (; r + 8 <= r1; r += 8) {
-                const int64_t o = r * w + j;
-                __m256 d0 = _mm256_sub_ps(ld8(x, o, half), k), d1 = _mm256_sub_ps(ld8(x, o + w, half), k);
-                __m256 d2 = _mm256_sub_ps(ld8(x, o + 2 * w, half), k), d3 = _mm256_sub_ps(ld8(x, o + 3 * w, half), k);
-                __m256 d4 = _mm256_sub_ps(ld8(x, o + 4 * w, half), k), d5 = _mm256_sub_ps(ld8(x, o + 5 * w, half), k);
-                __m256 d6 = _mm256_sub_ps(ld8(x, o + 6 * w, half), k), d7 = _mm256_sub_ps(ld8(x, o + 7 * w, half), k);
-                __m256 t1 = tree8(d0, d1, d2, d3, d4, d5, d6, d7), t2 = sq_tree8(d0, d1, d2, d3, d4, d5, d6, d7);
-                s1lo = _mm256_add_pd(s1lo, lo_pd(t1));
-                s1hi = _mm256_add_pd(s1hi, hi_pd(t1));
-                s2lo = _mm256_add_pd(s2lo, lo_pd(t2));
-                s2hi = _mm256_add_pd(s2hi, hi_pd(t2));
-            }
-            for (; r < r1; r++) {
-                __m256 d = _mm256_sub_ps(ld8(x, r * w + j, half), k), q = _mm256_mul_ps(d, d);
-                s1lo = _mm256_add_pd(s1lo, lo_pd(d));
-                s1hi = _mm256_add_pd(s1hi, hi_pd(d));
-                s2lo = _mm256_add_pd(s2lo, lo_pd(q));
-                s2hi = _mm256_add_pd(s2hi, hi_pd(q));
-            }
-            _mm256_storeu_pd(acc + j, _mm256_add_pd(_mm256_loadu_pd(acc + j), s1lo));
-            _mm256_storeu_pd(acc + j + 4, _mm256_add_pd(_mm256_loadu_pd(acc + j + 4), s1hi));
-            _mm256_storeu_pd(acc + w + j, _mm256_add_pd(_mm256_loadu_pd(acc + w + j), s2lo));
-            _mm256_storeu_pd(acc + w + j + 4, _mm256_add_pd(_mm256_loadu_pd(acc + w + j + 4), s2hi));
+            __m256 d[8];
+            for (int i = 0; i < 8; i++) d[i] = _mm256_sub_ps(ld8(x, o + i * w + j, half), k);
+            add_block(acc, w, j, tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]),
+                      sq_tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]));
+        }
+    }
+    for (; r < rows; r++) {
+        for (int64_t j = 0; j < w; j += 8) {
+            __m256 d = _mm256_sub_ps(ld8(x, r * w + j, half), shift_ps(shift + j));
+            add_block(acc, w, j, d, _mm256_mul_ps(d, d));
         }
     }
     /* from sums of (x - k) to sums of (x - shift): with e = k - shift,
@@ -441,43 +421,27 @@ INLINE void gstats_rows8_ps(const void *dy, const void *x, int64_t rows, int64_t
                             double *acc, int half)
 {
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
-    const int64_t R = sub_rows(w, 2);
     const size_t es = half ? 2 : 4;
-    for (int64_t r0 = 0; r0 < rows; r0 += R) {
-        const int64_t r1 = r0 + R < rows ? r0 + R : rows;
-        const int64_t r2 = r1 + R < rows ? r1 + R : rows, r3 = r2 + R < rows ? r2 + R : rows;
-        const int64_t next_bytes = (r3 - r2) * w * (int64_t)es;
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8) {
+        const int64_t o = r * w;
         for (int64_t j = 0; j < w; j += 8) {
-            prefetch_share((const char *)dy + (size_t)(r2 * w) * es, next_bytes, j / 8, w / 8);
-            prefetch_share((const char *)x + (size_t)(r2 * w) * es, next_bytes, j / 8, w / 8);
+            prefetch_group(dy, o, j, es);
+            prefetch_group(x, o, j, es);
             __m256 m = _mm256_loadu_ps(p->mhi + j), l = _mm256_loadu_ps(p->mlo + j);
-            __m256d s1lo = _mm256_setzero_pd(), s1hi = s1lo, s2lo = s1lo, s2hi = s1lo;
-            int64_t r = r0;
-            for (; r + 8 <= r1; r += 8) {
-                const int64_t o = r * w + j;
-                __m256 g[8], d[8];
-                for (int k = 0; k < 8; k++) {
-                    g[k] = ld8(dy, o + k * w, half);
-                    d[k] = centered_ps(ld8(x, o + k * w, half), m, l);
-                }
-                __m256 t1 = tree8(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]), t2 = dot_tree8(g, d);
-                s1lo = _mm256_add_pd(s1lo, lo_pd(t1));
-                s1hi = _mm256_add_pd(s1hi, hi_pd(t1));
-                s2lo = _mm256_add_pd(s2lo, lo_pd(t2));
-                s2hi = _mm256_add_pd(s2hi, hi_pd(t2));
+            __m256 g[8], d[8];
+            for (int i = 0; i < 8; i++) {
+                g[i] = ld8(dy, o + i * w + j, half);
+                d[i] = centered_ps(ld8(x, o + i * w + j, half), m, l);
             }
-            for (; r < r1; r++) {
-                __m256 g = ld8(dy, r * w + j, half);
-                __m256 q = _mm256_mul_ps(g, centered_ps(ld8(x, r * w + j, half), m, l));
-                s1lo = _mm256_add_pd(s1lo, lo_pd(g));
-                s1hi = _mm256_add_pd(s1hi, hi_pd(g));
-                s2lo = _mm256_add_pd(s2lo, lo_pd(q));
-                s2hi = _mm256_add_pd(s2hi, hi_pd(q));
-            }
-            _mm256_storeu_pd(acc + j, _mm256_add_pd(_mm256_loadu_pd(acc + j), s1lo));
-            _mm256_storeu_pd(acc + j + 4, _mm256_add_pd(_mm256_loadu_pd(acc + j + 4), s1hi));
-            _mm256_storeu_pd(acc + w + j, _mm256_add_pd(_mm256_loadu_pd(acc + w + j), s2lo));
-            _mm256_storeu_pd(acc + w + j + 4, _mm256_add_pd(_mm256_loadu_pd(acc + w + j + 4), s2hi));
+            add_block(acc, w, j, tree8(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]), dot_tree8(g, d));
+        }
+    }
+    for (; r < rows; r++) {
+        for (int64_t j = 0; j < w; j += 8) {
+            __m256 m = _mm256_loadu_ps(p->mhi + j), l = _mm256_loadu_ps(p->mlo + j);
+            __m256 g = ld8(dy, r * w + j, half);
+            add_block(acc, w, j, g, _mm256_mul_ps(g, centered_ps(ld8(x, r * w + j, half), m, l)));
         }
     }
 }
