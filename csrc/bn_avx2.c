@@ -368,6 +368,7 @@ INLINE __m256 shift_ps(const double *shift)
  * column group also prefetches its share of the lines PREFETCH_BYTES ahead
  * in every array it reads: 8 rows x 8 columns, that is 64 elements. */
 #define PREFETCH_BYTES 4096
+#define NEXT_RUN_PREFETCH_MAX 8192
 
 INLINE void prefetch_group(const void *base, int64_t o, int64_t j, size_t es)
 {
@@ -979,13 +980,28 @@ static void stats_rows_f32(const float *x, int64_t rows, int64_t w, const double
 
 /* Several runs of one channel (cfbn.h: runs, stride) in one call, without the
  * fused or streaming variants: parameters broadcast once, and the gradient
- * sums stay in vector registers across runs, added up once at the end. */
+ * sums stay in vector registers across runs, added up once at the end.
+ * Runs are often short planes, too short for the hardware prefetchers to
+ * catch, so each run also prefetches (into L2) as many elements as it holds
+ * from just past its end: in NCHW that is the next channel's run, which the
+ * same thread usually handles next. */
+INLINE void prefetch_next_run(const void *p, int64_t n, size_t es)
+{
+    const int64_t bytes = n * (int64_t)es;
+    if (bytes > NEXT_RUN_PREFETCH_MAX) return;
+    const char *q = (const char *)p + bytes;
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(q + b, _MM_HINT_T1);
+}
+
 static void apply_runs_f32(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]);
     const __m256 q[8] = {m, l, a, b, m, l, a, b};
-    for (int64_t k = 0; k < p->runs; k++) apply_flat_ps(x + k * p->stride, y + k * p->stride, n, q, 0);
+    for (int64_t k = 0; k < p->runs; k++) {
+        prefetch_next_run(x + k * p->stride, n, 4);
+        apply_flat_ps(x + k * p->stride, y + k * p->stride, n, q, 0);
+    }
 }
 
 static void gstats_runs_f32(const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
@@ -995,6 +1011,8 @@ static void gstats_runs_f32(const float *dy, const float *x, int64_t n, const cf
     __m256d s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd();
     for (int64_t k = 0; k < p->runs; k++) {
         acc8 a, b;
+        prefetch_next_run(dy + k * p->stride, n, 4);
+        prefetch_next_run(x + k * p->stride, n, 4);
         gstats_flat_ps(dy + k * p->stride, x + k * p->stride, n, q, 0, &a, &b);
         s1 = _mm256_add_pd(s1, _mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
         s2 = _mm256_add_pd(s2, _mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
@@ -1008,8 +1026,11 @@ static void gapply_runs_f32(const float *dy, const float *x, float *dx, int64_t 
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
     const __m256 q[10] = {m, l, a, b, c, m, l, a, b, c};
-    for (int64_t k = 0; k < p->runs; k++)
+    for (int64_t k = 0; k < p->runs; k++) {
+        prefetch_next_run(dy + k * p->stride, n, 4);
+        prefetch_next_run(x + k * p->stride, n, 4);
         gapply_flat_ps(dy + k * p->stride, x + k * p->stride, dx + k * p->stride, n, q, 0);
+    }
 }
 
 static void apply_run_f32(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
