@@ -195,6 +195,34 @@ INLINE __m256 gapply_ps(__m256 g, __m256 x, __m256 mhi, __m256 mlo, __m256 a, __
     return _mm256_fmadd_ps(g, a, _mm256_fmadd_ps(centered_ps(x, mhi, mlo), b, c));
 }
 
+/* ---- pairwise sums of 8 vectors in float ---- */
+
+INLINE __m256 tree8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7)
+{
+    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                         _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+}
+
+/* sum of squares of 8 vectors, pairwise */
+INLINE __m256 sq_tree8(__m256 d0, __m256 d1, __m256 d2, __m256 d3, __m256 d4, __m256 d5, __m256 d6, __m256 d7)
+{
+    __m256 q01 = _mm256_fmadd_ps(d1, d1, _mm256_mul_ps(d0, d0));
+    __m256 q23 = _mm256_fmadd_ps(d3, d3, _mm256_mul_ps(d2, d2));
+    __m256 q45 = _mm256_fmadd_ps(d5, d5, _mm256_mul_ps(d4, d4));
+    __m256 q67 = _mm256_fmadd_ps(d7, d7, _mm256_mul_ps(d6, d6));
+    return _mm256_add_ps(_mm256_add_ps(q01, q23), _mm256_add_ps(q45, q67));
+}
+
+/* sum of products of 8 vector pairs, pairwise */
+INLINE __m256 dot_tree8(const __m256 *g, const __m256 *d)
+{
+    __m256 p01 = _mm256_fmadd_ps(g[1], d[1], _mm256_mul_ps(g[0], d[0]));
+    __m256 p23 = _mm256_fmadd_ps(g[3], d[3], _mm256_mul_ps(g[2], d[2]));
+    __m256 p45 = _mm256_fmadd_ps(g[5], d[5], _mm256_mul_ps(g[4], d[4]));
+    __m256 p67 = _mm256_fmadd_ps(g[7], d[7], _mm256_mul_ps(g[6], d[6]));
+    return _mm256_add_ps(_mm256_add_ps(p01, p23), _mm256_add_ps(p45, p67));
+}
+
 /* ---- f32 / f16 flat streams: 8-element blocks with an even index use the
  * first parameter set, odd blocks the second ---- */
 
@@ -227,11 +255,36 @@ INLINE void stats_flat_ps(const void *x, int64_t n, const __m256d *sh, int half,
     *oa = b;
 }
 
+/* Adds the sums of 8 blocks of one parity (g[k], d[k]) to a: the blocks are
+ * summed pairwise in float first, as the rows kernels do, and the result is
+ * widened once. */
+INLINE void gstats_tree_step(acc8 *a, const __m256 *g, const __m256 *d)
+{
+    __m256 t1 = tree8(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]), t2 = dot_tree8(g, d);
+    a->s1lo = _mm256_add_pd(a->s1lo, lo_pd(t1));
+    a->s1hi = _mm256_add_pd(a->s1hi, hi_pd(t1));
+    a->s2lo = _mm256_add_pd(a->s2lo, lo_pd(t2));
+    a->s2hi = _mm256_add_pd(a->s2hi, hi_pd(t2));
+}
+
 /* m: mhi, mlo of even blocks, then of odd blocks */
 INLINE void gstats_flat_ps(const void *dy, const void *x, int64_t n, const __m256 *m, int half, acc8 *ea, acc8 *oa)
 {
     acc8 a = acc8_zero(), b = acc8_zero();
     int64_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        __m256 g[8], d[8];
+        for (int k = 0; k < 8; k++) {
+            g[k] = ld8(dy, i + 16 * k, half);
+            d[k] = centered_ps(ld8(x, i + 16 * k, half), m[0], m[1]);
+        }
+        gstats_tree_step(&a, g, d);
+        for (int k = 0; k < 8; k++) {
+            g[k] = ld8(dy, i + 16 * k + 8, half);
+            d[k] = centered_ps(ld8(x, i + 16 * k + 8, half), m[2], m[3]);
+        }
+        gstats_tree_step(&b, g, d);
+    }
     for (; i + 16 <= n; i += 16) {
         gstats_step(&a, ld8(dy, i, half), centered_ps(ld8(x, i, half), m[0], m[1]));
         gstats_step(&b, ld8(dy, i + 8, half), centered_ps(ld8(x, i + 8, half), m[2], m[3]));
@@ -330,32 +383,6 @@ INLINE void stats_run_ps(const void *x, int64_t n, double shift, double *acc, in
  * float; the rounding is put back exactly in double at the end, so the sums
  * are those of x - shift.  The driver picks a shift near the channel's mean,
  * which keeps the squares small and the variance free of cancellation. */
-
-INLINE __m256 tree8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7)
-{
-    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                         _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-}
-
-/* sum of squares of 8 vectors, pairwise */
-INLINE __m256 sq_tree8(__m256 d0, __m256 d1, __m256 d2, __m256 d3, __m256 d4, __m256 d5, __m256 d6, __m256 d7)
-{
-    __m256 q01 = _mm256_fmadd_ps(d1, d1, _mm256_mul_ps(d0, d0));
-    __m256 q23 = _mm256_fmadd_ps(d3, d3, _mm256_mul_ps(d2, d2));
-    __m256 q45 = _mm256_fmadd_ps(d5, d5, _mm256_mul_ps(d4, d4));
-    __m256 q67 = _mm256_fmadd_ps(d7, d7, _mm256_mul_ps(d6, d6));
-    return _mm256_add_ps(_mm256_add_ps(q01, q23), _mm256_add_ps(q45, q67));
-}
-
-/* sum of products of 8 vector pairs, pairwise */
-INLINE __m256 dot_tree8(const __m256 *g, const __m256 *d)
-{
-    __m256 p01 = _mm256_fmadd_ps(g[1], d[1], _mm256_mul_ps(g[0], d[0]));
-    __m256 p23 = _mm256_fmadd_ps(g[3], d[3], _mm256_mul_ps(g[2], d[2]));
-    __m256 p45 = _mm256_fmadd_ps(g[5], d[5], _mm256_mul_ps(g[4], d[4]));
-    __m256 p67 = _mm256_fmadd_ps(g[7], d[7], _mm256_mul_ps(g[6], d[6]));
-    return _mm256_add_ps(_mm256_add_ps(p01, p23), _mm256_add_ps(p45, p67));
-}
 
 INLINE __m256 shift_ps(const double *shift)
 {
