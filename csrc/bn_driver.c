@@ -19,8 +19,11 @@
 
 /* Below this many elements a parallel region costs more than it saves. */
 #define SERIAL_ELEMS 32768
-/* Target elements per piece of a channels-last reduction. */
+/* Target elements per piece of a channels-last reduction ... */
 #define ROWS_PIECE_ELEMS 16384
+/* ... and its fewest rows: each piece leaves 2 W partial sums to add up
+ * serially, which must stay small beside the piece's rows x W elements. */
+#define ROWS_PIECE_MIN_ROWS 64
 /* Channels-first: aim for at least this many (channel, piece) tasks ... */
 #define FIRST_MIN_TASKS 32
 /* ... but never pieces smaller than this. */
@@ -145,6 +148,7 @@ static void make_plan(const cfbn_shape *s, plan *p)
     p->rows = total / W;
     p->tail = total - p->rows * W;
     int64_t pr = (ROWS_PIECE_ELEMS + W - 1) / W;
+    if (pr < ROWS_PIECE_MIN_ROWS) pr = ROWS_PIECE_MIN_ROWS;
     int64_t max_pieces = MAX_PARTIAL_DOUBLES / (2 * W);
     if (max_pieces < 1) max_pieces = 1;
     if (max_pieces > 256) max_pieces = 256;
@@ -502,6 +506,18 @@ static void first_flat_task(void *ctx, int64_t t)
     first_flat(ft->ps, ft->total * t / ft->tasks, ft->total * (t + 1) / ft->tasks);
 }
 
+/* Adds the column sums a[0..w) and a[w..2w) of a channels-last piece to
+ * the channel sums: column j is channel j mod C (w is a multiple of C). */
+static void fold_columns(const double *a, int64_t w, int64_t C, double *sums)
+{
+    for (int64_t j0 = 0; j0 < w; j0 += C) {
+        for (int64_t c = 0; c < C; c++) {
+            sums[2 * c] += a[j0 + c];
+            sums[2 * c + 1] += a[w + j0 + c];
+        }
+    }
+}
+
 /* Run one pass over the whole tensor.  For reductions, sums[2*c] and
  * sums[2*c+1] receive the channel's two sums.  Returns -1 on allocation
  * failure. */
@@ -553,18 +569,15 @@ static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
     }
     parallel_for(nt, tasks, last_task, &pt);
     if (red) {
-        for (int64_t c = 0; c < C; c++) sums[2 * c] = sums[2 * c + 1] = 0.0;
-        for (int64_t q = 0; q < tasks; q++) {
-            int64_t w = q == p->pieces ? p->tail : W;
+        /* the full pieces' column sums, in piece order, into piece 0's */
+        double *a0 = pt.part;
+        for (int64_t q = 1; q < p->pieces; q++) {
             const double *a = pt.part + 2 * W * q;
-            /* column j is channel j mod C; w is a multiple of C */
-            for (int64_t j0 = 0; j0 < w; j0 += C) {
-                for (int64_t c = 0; c < C; c++) {
-                    sums[2 * c] += a[j0 + c];
-                    sums[2 * c + 1] += a[w + j0 + c];
-                }
-            }
+            for (int64_t j = 0; j < 2 * W; j++) a0[j] += a[j];
         }
+        for (int64_t c = 0; c < C; c++) sums[2 * c] = sums[2 * c + 1] = 0.0;
+        if (p->pieces > 0) fold_columns(a0, W, C, sums);
+        if (p->tail > 0) fold_columns(pt.part + 2 * W * p->pieces, p->tail, C, sums);
         free(pt.part);
     }
     return 0;
