@@ -33,6 +33,14 @@
  * a channel's planes in one kernel call, since a call per small plane costs
  * more than the prefetch-friendly order saves. */
 #define FLAT_MIN_PLANE 128
+/* Channels-first reductions go plane by plane in memory order, each plane's
+ * sums kept apart and added per channel in batch order, when planes are at
+ * least this long and a channel's slice of a tensor (N planes) is at least
+ * PLANE_ORDER_MIN_SLICE bytes: a channel-major walk then jumps between
+ * planes C*S elements apart, and the slice is too large for the fused
+ * per-channel passes to find it in L2 the second time. */
+#define PLANE_ORDER_MIN_PLANE 1024
+#define PLANE_ORDER_MIN_SLICE ((int64_t)256 << 10)
 /* Smallest stretch of memory an elementwise channels-first task gets. */
 #define FLAT_PIECE_ELEMS 16384
 /* Widest row the channels-last kernels are handed when C is widened. */
@@ -112,6 +120,7 @@ typedef struct {
     int64_t C, n;            /* channels, elements per channel */
     /* channels-first */
     int64_t N, S, G;         /* G pieces per channel */
+    int planes;              /* reductions plane by plane in memory order */
     /* channels-last */
     int64_t W;               /* row width handed to the kernels, a multiple of C */
     int64_t rows;            /* full rows of W */
@@ -139,6 +148,8 @@ static void make_plan(const cfbn_shape *s, plan *p)
         int64_t gmax = p->n / FIRST_MIN_PIECE;
         if (g > gmax) g = gmax;
         p->G = g < 1 ? 1 : g;
+        p->planes = p->S >= PLANE_ORDER_MIN_PLANE &&
+                    p->N * p->S * (int64_t)elem_size(p->dtype) >= PLANE_ORDER_MIN_SLICE;
         return;
     }
     /* Channels-last: widen the row to a multiple of 8 lanes where that stays
@@ -493,6 +504,14 @@ static void first_task(void *ctx, int64_t t)
     first_piece(pt->ps, pt->shift, t / G, t % G, pt->part ? pt->part + 2 * t : dummy);
 }
 
+/* Channels-first, plane order: the sums of plane t = n * C + c. */
+static void plane_task(void *ctx, int64_t t)
+{
+    const pass_task *pt = ctx;
+    const plan *p = pt->ps->p;
+    first_stretch(pt->ps, pt->shift, t % p->C, t * p->S, p->S, 1, pt->part + 2 * t);
+}
+
 static void last_task(void *ctx, int64_t q)
 {
     const pass_task *pt = ctx;
@@ -539,6 +558,25 @@ static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
         if (tasks < 1) tasks = 1;
         flat_task ft = { ps, total, tasks };
         parallel_for(nt, tasks, first_flat_task, &ft);
+        return 0;
+    }
+    if (p->layout == CFBN_CHANNELS_FIRST && red && p->planes) {
+        /* one task per plane, in memory order; per channel, the planes' sums
+         * are added in batch order */
+        int64_t tasks = p->N * C;
+        pt.part = malloc((size_t)(tasks > 0 ? tasks : 1) * 2 * sizeof(double));
+        if (!pt.part) return -1;
+        parallel_for(nt, tasks, plane_task, &pt);
+        for (int64_t c = 0; c < C; c++) {
+            double s1 = 0.0, s2 = 0.0;
+            for (int64_t n = 0; n < p->N; n++) {
+                s1 += pt.part[2 * (n * C + c)];
+                s2 += pt.part[2 * (n * C + c) + 1];
+            }
+            sums[2 * c] = s1;
+            sums[2 * c + 1] = s2;
+        }
+        free(pt.part);
         return 0;
     }
     if (p->layout == CFBN_CHANNELS_FIRST) {
@@ -769,7 +807,7 @@ int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
     pass st = { k, &p, &pp, PASS_STATS, x, NULL, NULL, NULL, NULL };
     pass ap = { k, &p, &pp, PASS_APPLY, x, NULL, y, fusion ? fusion->side : NULL, NULL };
 
-    if (s->layout == CFBN_CHANNELS_FIRST && p.G == 1) {
+    if (s->layout == CFBN_CHANNELS_FIRST && p.G == 1 && !p.planes) {
         /* One task per channel: its statistics, then its normalization while
          * the channel's planes are still in this core's cache. */
         fused_fwd ctx = { &st, &ap, &a, &pp, shift };
@@ -943,7 +981,7 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
     const void *side = fusion ? fusion->side : NULL;
     pass gs = { k, &p, &pp, PASS_GSTATS, dy, x, NULL, side, NULL };
     pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx, side, fusion ? fusion->side_grad : NULL };
-    if (dx && a->training && s->layout == CFBN_CHANNELS_FIRST && p.G == 1) {
+    if (dx && a->training && s->layout == CFBN_CHANNELS_FIRST && p.G == 1 && !p.planes) {
         /* One task per channel: sums, then dx while dy and x are in cache. */
         fused_bwd ctx = { &gs, &ga, a, &pp };
         parallel_for(nt, p.C, fused_backward_task, &ctx);

@@ -13,6 +13,7 @@ SHAPES = [
     ("NHWC", (8, 32, 32, 33)),
     ("NCHW", (8, 33, 32, 32)),
     ("NCHW", (4, 3, 64, 64)),
+    ("NCHW", (128, 3, 32, 33)),      # reductions plane by plane in memory order
     ("NC", (4096, 37)),
     ("NDHWC", (2, 8, 16, 16, 19)),
 ]
