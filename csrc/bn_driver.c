@@ -34,13 +34,15 @@
  * more than the prefetch-friendly order saves. */
 #define FLAT_MIN_PLANE 128
 /* Channels-first reductions go plane by plane in memory order, each plane's
- * sums kept apart and added per channel in batch order, when planes are at
- * least this long and a channel's slice of a tensor (N planes) is at least
- * PLANE_ORDER_MIN_SLICE bytes: a channel-major walk then jumps between
- * planes C*S elements apart, and the slice is too large for the fused
- * per-channel passes to find it in L2 the second time. */
-#define PLANE_ORDER_MIN_PLANE 1024
-#define PLANE_ORDER_MIN_SLICE ((int64_t)256 << 10)
+ * sums kept apart and added per channel in batch order, when planes have at
+ * least PLANE_ORDER_MIN_PLANE elements (and there are not so many planes
+ * that their sums would take a large buffer).  A channel-major walk jumps
+ * between planes C*S elements apart, often a multiple of the page size, so
+ * the planes of one channel crowd a few cache sets; measured, memory order
+ * wins from 16x16 planes on, even where the fused per-channel passes would
+ * find a channel's slice in L2 the second time. */
+#define PLANE_ORDER_MIN_PLANE 256
+#define PLANE_ORDER_MAX_PLANES ((int64_t)1 << 20)
 /* Smallest stretch of memory an elementwise channels-first task gets. */
 #define FLAT_PIECE_ELEMS 16384
 /* Widest row the channels-last kernels are handed when C is widened. */
@@ -148,8 +150,7 @@ static void make_plan(const cfbn_shape *s, plan *p)
         int64_t gmax = p->n / FIRST_MIN_PIECE;
         if (g > gmax) g = gmax;
         p->G = g < 1 ? 1 : g;
-        p->planes = p->S >= PLANE_ORDER_MIN_PLANE &&
-                    p->N * p->S * (int64_t)elem_size(p->dtype) >= PLANE_ORDER_MIN_SLICE;
+        p->planes = p->S >= PLANE_ORDER_MIN_PLANE && p->N * p->C <= PLANE_ORDER_MAX_PLANES;
         return;
     }
     /* Channels-last: widen the row to a multiple of 8 lanes where that stays

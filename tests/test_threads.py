@@ -14,6 +14,8 @@ SHAPES = [
     ("NCHW", (8, 33, 32, 32)),
     ("NCHW", (4, 3, 64, 64)),
     ("NCHW", (128, 3, 32, 33)),      # reductions plane by plane in memory order
+    ("NCHW", (64, 35, 7, 7)),        # small planes: channel by channel ...
+    ("NCHW", (256, 5, 9, 9)),        # ... and in several pieces per channel
     ("NC", (4096, 37)),
     ("NDHWC", (2, 8, 16, 16, 19)),
 ]
