@@ -478,20 +478,32 @@ INLINE void gstats_rows8_ps(const void *dy, const void *x, int64_t rows, int64_t
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
     const size_t es = half ? 2 : 4;
     int64_t r = 0;
+    /* Rows are addressed as a block pointer plus k times the row stride,
+     * and the pairwise sums are formed as soon as a pair is loaded: both
+     * keep the loop within the registers (16 row pointers and 16 live
+     * vectors spilled to the stack). */
+    const size_t rs = (size_t)w * es;
+    const float *mhi = p->mhi, *mlo = p->mlo;
     for (; r + 8 <= rows; r += 8) {
         const int64_t o = r * w;
-        for (int64_t j = 0; j < w; j += 8) {
+        const char *bd = (const char *)dy + (size_t)o * es, *bx = (const char *)x + (size_t)o * es;
+        for (int64_t j = 0; j < w; j += 8, bd += 8 * es, bx += 8 * es) {
             prefetch_group(dy, o, j, es);
             prefetch_group(x, o, j, es);
-            __m256 m = _mm256_loadu_ps(p->mhi + j);
-            __m256 g[8], u[8];
-            for (int i = 0; i < 8; i++) {
-                g[i] = ld8(dy, o + i * w + j, half);
-                u[i] = _mm256_sub_ps(ld8(x, o + i * w + j, half), m);
+            const __m256 m = _mm256_loadu_ps(mhi + j);
+            __m256 s[4], q[4];
+            for (int k = 0; k < 4; k++) {
+                __m256 g0 = ld8(bd + 2 * k * rs, 0, half), g1 = ld8(bd + (2 * k + 1) * rs, 0, half);
+                __m256 u0 = _mm256_sub_ps(ld8(bx + 2 * k * rs, 0, half), m);
+                __m256 u1 = _mm256_sub_ps(ld8(bx + (2 * k + 1) * rs, 0, half), m);
+                s[k] = _mm256_add_ps(g0, g1);
+                q[k] = _mm256_fmadd_ps(g1, u1, _mm256_mul_ps(g0, u0));
             }
-            /* as gstats_tree_step: mlo comes off in double */
-            __m256 t1 = tree8(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]);
-            add_block_mlo(acc, w, j, t1, dot_tree8(g, u), _mm256_loadu_ps(p->mlo + j));
+            /* the order of tree8 and dot_tree8; mlo comes off in double,
+             * as in gstats_tree_step */
+            __m256 t1 = _mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3]));
+            __m256 t2 = _mm256_add_ps(_mm256_add_ps(q[0], q[1]), _mm256_add_ps(q[2], q[3]));
+            add_block_mlo(acc, w, j, t1, t2, _mm256_loadu_ps(mlo + j));
         }
     }
     for (; r < rows; r++) {
