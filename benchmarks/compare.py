@@ -272,15 +272,18 @@ def target_cells(args, torch):
 
 def copy_bandwidth(torch, nbytes, repeats, retry):
     """Copy bandwidth (2 x bytes / time) of a `nbytes` float32 array:
-    np.copyto (one thread) and, with torch, dst.copy_(src) at 2 threads."""
+    np.copyto (one thread) and, with torch, dst.copy_(src) at 2 threads.
+    Also, for context, the same copies into a fresh array each time
+    (np.copy, torch clone), which pay for the new pages as a plain cfbn
+    call pays for its outputs.  Returns (into existing, into fresh)."""
     n = nbytes // 4
     src = np.random.default_rng(1).standard_normal(n, dtype=np.float32)
     dst = np.empty_like(src)
-    fns = [lambda: np.copyto(dst, src)]
+    fns = [lambda: np.copyto(dst, src), lambda: np.copy(src)]
     prev = None
     if torch is not None:
         ts, td = torch.from_numpy(src), torch.from_numpy(dst)
-        fns.append(lambda: td.copy_(ts))
+        fns += [lambda: td.copy_(ts), lambda: ts.clone()]
         prev = torch.get_num_threads()
         torch.set_num_threads(2)
     try:
@@ -289,10 +292,15 @@ def copy_bandwidth(torch, nbytes, repeats, retry):
         if prev is not None:
             torch.set_num_threads(prev)
     log("  others' load %s" % fmt_load(load))
-    result = {"np.copyto (1 thread)": 2 * src.nbytes / median(samples[0]) / 1e9}
+
+    def gbps(k):
+        return 2 * src.nbytes / median(samples[k]) / 1e9
+    result = {"np.copyto (1 thread)": gbps(0)}
+    fresh = {"np.copy (1 thread)": gbps(1)}
     if torch is not None:
-        result["torch copy_ (2 threads)"] = 2 * src.nbytes / median(samples[1]) / 1e9
-    return result
+        result["torch copy_ (2 threads)"] = gbps(2)
+        fresh["torch clone (2 threads)"] = gbps(3)
+    return result, fresh
 
 
 def large_section(args, torch):
@@ -300,7 +308,7 @@ def large_section(args, torch):
     threads = 2
     nbytes = shape[0] * shape[1] * shape[2] * shape[3] * 4
     log("copy bandwidth on %.0f MB ..." % (nbytes / 1e6))
-    copy = copy_bandwidth(torch, nbytes, args.large_repeats, args.retry)
+    copy, fresh = copy_bandwidth(torch, nbytes, args.large_repeats, args.retry)
     copy_name, copy_bw = max(copy.items(), key=lambda kv: kv[1])
     rows = []
     for layout in bc.LAYOUTS:
@@ -336,7 +344,7 @@ def large_section(args, torch):
                 "" if torch is None else ", torch %.2f GB/s" % row["torch_gbps"]))
             del out
         del d
-    return copy, copy_name, copy_bw, rows
+    return copy, fresh, copy_name, copy_bw, rows
 
 
 def overhead_section(args, torch):
@@ -463,7 +471,7 @@ def report(args, info, torch, rows, large, overhead, elapsed, load):
                   "normalized difference %.2g (limit %.0g)." % (max(checks), CHECK_TOLERANCE))
 
     if large is not None:
-        copy, copy_name, copy_bw, lrows = large
+        copy, fresh, copy_name, copy_bw, lrows = large
         w("")
         w("### Large tensor (%s) float32, 2 threads" % ",".join(map(str, bc.LARGE_SHAPE)))
         w("")
@@ -497,7 +505,9 @@ def report(args, info, torch, rows, large, overhead, elapsed, load):
                 r["layout"], bc.OPS[r["op"]], r["fraction"], target), ok))
         w("")
         w("Fractions use the plain call (outputs allocated by cfbn, as users call it); "
-          "the out= column passes preallocated outputs.")
+          "the out= column passes preallocated outputs.  For context, copies into a fresh "
+          "array each time (new pages, as a plain call's outputs): %s."
+          % ", ".join("%s %.2f GB/s" % kv for kv in fresh.items()))
 
     if overhead is not None:
         w("")
