@@ -17,6 +17,7 @@ SHAPES = [
     ("NCHW", (64, 35, 7, 7)),        # small planes: channel by channel ...
     ("NCHW", (256, 5, 9, 9)),        # ... and in several pieces per channel
     ("NC", (4096, 37)),
+    ("NC", (4099, 37)),              # rows and a tail of fewer than 8 rows
     ("NDHWC", (2, 8, 16, 16, 19)),
 ]
 
