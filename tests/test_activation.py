@@ -18,23 +18,18 @@ from _checks import (
     DTYPES,
     LAYOUTS,
     Unmodified,
-    assert_close,
-    forward_bounds,
     forward_buffers,
-    grad_bounds,
     grad_buffers,
     make_shape,
     nan_like,
-    per_channel_view,
     random_vectors,
     random_x,
     seed_of,
-    unit,
     vector_dtype,
 )
 
-from _act_checks import (ACTIVATIONS, ALPHA, FUSIONS, LIP, derivative_error, make_case,
-                         pre_activation)
+from _act_checks import (ACTIVATIONS, ALPHA, FUSIONS, check_fused_forward, check_fused_grad,
+                         make_case)
 
 SHAPES = [(3, 33, 17), (1, 7, 257), (2, 5, 3)]
 
@@ -71,20 +66,8 @@ def test_forward(isa, act, data_format, dtype, with_side, is_training, shape_cas
                                     data_format=data_format, is_training=is_training,
                                     activation=act, alpha=alpha, side_input=side, out=out)
     assert all(a is b for a, b in zip(got, out))
-    ref = reference.fused_batch_norm(x, v["scale"], v["offset"], mean, var, epsilon=1e-3,
-                                     data_format=data_format, is_training=is_training,
-                                     activation=act, alpha=alpha, side_input=side)
-    plain = reference.fused_batch_norm(x, v["scale"], v["offset"], mean, var, epsilon=1e-3,
-                                       data_format=data_format, is_training=is_training)
-    b = forward_bounds(x, v["scale"], v["offset"], mean, var, plain, epsilon=1e-3,
-                       data_format=data_format, is_training=is_training)
-    u = unit(dtype)
-    pre = plain.y + (0.0 if side is None else side.astype(np.float64))
-    pre_err = b["y"] + 2 * u * np.abs(pre)
-    tol = LIP[act] * pre_err + 8 * u * np.maximum(1.0, np.abs(ref.y))
-    assert_close("y", got.y, ref.y, tol, dtype)
-    for name in ("batch_mean", "batch_variance", "reserve_space_1", "reserve_space_2"):
-        assert_close(name, getattr(got, name), getattr(plain, name), b[name], vector_dtype(dtype))
+    check_fused_forward(got, x, v["scale"], v["offset"], mean, var, side, act, alpha, epsilon=1e-3,
+                        data_format=data_format, is_training=is_training)
 
 
 @pytest.mark.parametrize("is_training,shape_case", MODES, ids=_mode_id)
@@ -112,44 +95,8 @@ def test_grad(isa, act, data_format, dtype, with_side, is_training, shape_case):
                                          side_input=side, out=out)
     assert isinstance(got, cfbn.BatchNormGradSide if with_side else cfbn.BatchNormGrad)
     assert all(a is b for a, b in zip(got, out))
-    ref = reference.fused_batch_norm_grad(dy, x, v["scale"], mu, var, epsilon=1e-3,
-                                          data_format=data_format, is_training=is_training,
-                                          offset=v["offset"], activation=act, alpha=alpha,
-                                          side_input=side)
-    u = unit(dtype)
-    xd = x.astype(np.float64)
-    pre = pre_activation(x, v["scale"], v["offset"], mu, var, side, 1e-3, data_format)
-
-    def bc(a):
-        return per_channel_view(a, data_format, x.ndim)
-
-    ar = bc(np.abs(v["scale"].astype(np.float64)) / np.sqrt(var.astype(np.float64) + 1e-3))
-    mud = bc(mu)
-    pre_err = 4 * u * (ar * (np.abs(xd) + np.abs(mud) + np.abs(xd - mud))
-                       + np.abs(bc(v["offset"])) + np.abs(pre)
-                       + (0.0 if side is None else np.abs(side.astype(np.float64))))
-    dyd = dy.astype(np.float64)
-    g = dyd * reference.activation_grad(pre, act, alpha)
-    dg = np.abs(dyd) * derivative_error(act, pre, pre_err, u)
-    b = grad_bounds(g, x, v["scale"], mu, var, epsilon=1e-3, data_format=data_format,
-                    is_training=is_training)
-    axes = reference.reduce_axes(data_format, x.ndim)
-    n = int(np.prod([x.shape[a] for a in axes]))
-    xhat = np.abs(xd - mud) / np.sqrt(bc(var.astype(np.float64)) + 1e-3)
-    e1 = np.sum(dg, axis=axes)
-    e2 = np.sum(dg * xhat, axis=axes)
-    if is_training and n > 0:
-        edx = ar * (dg + (bc(e1) + xhat * bc(e2)) / n)
-    else:
-        edx = ar * dg
-    assert_close("x_backprop", got.x_backprop, ref.x_backprop, b["x_backprop"] + edx, dtype)
-    assert_close("scale_backprop", got.scale_backprop, ref.scale_backprop,
-                 b["scale_backprop"] + e2, vdt)
-    assert_close("offset_backprop", got.offset_backprop, ref.offset_backprop,
-                 b["offset_backprop"] + e1, vdt)
-    if with_side:
-        assert_close("side_input_backprop", got.side_input_backprop, ref.side_input_backprop,
-                     dg + 2 * u * np.abs(g), dtype)
+    check_fused_grad(got, dy, x, v["scale"], v["offset"], mu, var, side, act, alpha, epsilon=1e-3,
+                     data_format=data_format, is_training=is_training)
 
 
 def _loss(x, scale, offset, side, w, act, alpha, data_format, is_training, mean, var):
