@@ -108,6 +108,31 @@ static inline void *fuse_at_w(void *p, int64_t i, int half)
     return p ? (char *)p + (size_t)i * (half ? 2u : 4u) : NULL;
 }
 
+/* Adds a block's gradient sums (part: 2 for a run, 2 b->w for rows) to the
+ * call's (acc: 2, or 2 w laid out as [sums of dy | sums of dy * d]). */
+static inline void fuse_add_part(double *acc, const double *part, const fuse_blk *b, int64_t w, int is_run)
+{
+    if (is_run) {
+        acc[0] += part[0];
+        acc[1] += part[1];
+        return;
+    }
+    for (int64_t j = 0; j < b->w; j++) {
+        acc[b->col + j] += part[j];
+        acc[w + b->col + j] += part[b->w + j];
+    }
+}
+
+/* x of the block as float: in place for float tensors, widened into xb for
+ * half ones */
+static inline const float *fuse_x_f32(const fuse_ops_f32 *o, const void *x, const fuse_blk *b, int half, float *xb)
+{
+    const void *xs = fuse_at(x, b->off, half);
+    if (!half) return (const float *)xs;
+    o->widen(xs, xb, b->rows * b->w, 1);
+    return xb;
+}
+
 static inline void fuse_apply_f32(const fuse_ops_f32 *o, const void *x, void *y, int64_t rows, int64_t w, int is_run,
                            const cfbn_apply_f32 *p, int half)
 {
@@ -116,11 +141,7 @@ static inline void fuse_apply_f32(const fuse_ops_f32 *o, const void *x, void *y,
     fuse_blk b;
     while (fuse_next(&it, &b)) {
         int64_t n = b.rows * b.w;
-        const float *xs = (const float *)fuse_at(x, b.off, half);
-        if (half) {
-            o->widen(xs, xb, n, 1);
-            xs = xb;
-        }
+        const float *xs = fuse_x_f32(o, x, &b, half, xb);
         cfbn_apply_f32 q = {p->mhi + b.col, p->mlo + b.col, p->alpha + b.col, p->beta + b.col, 0, 0, 0.0f, NULL, 0, 0};
         if (is_run) o->apply_run(xs, tb, n, &q);
         else o->apply_rows(xs, tb, b.rows, b.w, &q);
@@ -154,24 +175,12 @@ static inline void fuse_gstats_f32(const fuse_ops_f32 *o, const void *dy, const 
     fuse_blk b;
     while (fuse_next(&it, &b)) {
         int64_t n = b.rows * b.w;
-        const float *xs = (const float *)fuse_at(x, b.off, half);
-        if (half) {
-            o->widen(xs, xb, n, 1);
-            xs = xb;
-        }
+        const float *xs = fuse_x_f32(o, x, &b, half, xb);
         fuse_g_f32(o, xs, dy, p, &b, is_run, half, tb);
         cfbn_grad_f32 q = {p->mhi + b.col, p->mlo + b.col, NULL, NULL, NULL, 0, 0, 0.0f, NULL, NULL, NULL, NULL, 0, 0};
-        if (is_run) {
-            o->gstats_run(tb, xs, n, &q, part);
-            acc[0] += part[0];
-            acc[1] += part[1];
-        } else {
-            o->gstats_rows(tb, xs, b.rows, b.w, &q, part);
-            for (int64_t j = 0; j < b.w; j++) {
-                acc[b.col + j] += part[j];
-                acc[w + b.col + j] += part[b.w + j];
-            }
-        }
+        if (is_run) o->gstats_run(tb, xs, n, &q, part);
+        else o->gstats_rows(tb, xs, b.rows, b.w, &q, part);
+        fuse_add_part(acc, part, &b, w, is_run);
     }
 }
 
@@ -309,17 +318,9 @@ static inline void fuse_gstats_f64(const fuse_ops_f64 *o, const double *dy, cons
         int64_t n = b.rows * b.w;
         fuse_g_f64(o, dy, x, p, &b, is_run, tb);
         cfbn_grad_f64 q = {p->mhi + b.col, p->mlo + b.col, NULL, NULL, NULL, 0, 0, 0.0, NULL, NULL, NULL, NULL, 0, 0};
-        if (is_run) {
-            o->gstats_run(tb, x + b.off, n, &q, part);
-            acc[0] += part[0];
-            acc[1] += part[1];
-        } else {
-            o->gstats_rows(tb, x + b.off, b.rows, b.w, &q, part);
-            for (int64_t j = 0; j < b.w; j++) {
-                acc[b.col + j] += part[j];
-                acc[w + b.col + j] += part[b.w + j];
-            }
-        }
+        if (is_run) o->gstats_run(tb, x + b.off, n, &q, part);
+        else o->gstats_rows(tb, x + b.off, b.rows, b.w, &q, part);
+        fuse_add_part(acc, part, &b, w, is_run);
     }
 }
 
