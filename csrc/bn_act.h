@@ -15,4 +15,20 @@
 #include "cfbn.h"
 #include "bn_math.h"
 
+/* CFBN_ACT_SPECIALIZE(kind, CALL): CALL(k) with k the constant equal to kind
+ * (CFBN_ACT_NONE for an unknown kind), so that a vectorized loop written for
+ * a `kind` argument is compiled once per activation and the choice is made
+ * once per call rather than per vector. */
+#define CFBN_ACT_SPECIALIZE(kind, CALL)                          \
+    switch (kind) {                                              \
+    case CFBN_ACT_RELU: CALL(CFBN_ACT_RELU); break;              \
+    case CFBN_ACT_RELU6: CALL(CFBN_ACT_RELU6); break;            \
+    case CFBN_ACT_LEAKY_RELU: CALL(CFBN_ACT_LEAKY_RELU); break;  \
+    case CFBN_ACT_ELU: CALL(CFBN_ACT_ELU); break;                \
+    case CFBN_ACT_SIGMOID: CALL(CFBN_ACT_SIGMOID); break;        \
+    case CFBN_ACT_TANH: CALL(CFBN_ACT_TANH); break;              \
+    case CFBN_ACT_SILU: CALL(CFBN_ACT_SILU); break;              \
+    default: CALL(CFBN_ACT_NONE); break;                         \
+    }
+
 #endif

@@ -409,7 +409,6 @@ INLINE __m256 shift_ps(const double *shift)
  * column group also prefetches its share of the lines PREFETCH_BYTES ahead
  * in every array it reads: 8 rows x 8 columns, that is 64 elements. */
 #define PREFETCH_BYTES 4096
-#define NEXT_RUN_PREFETCH_MAX 8192
 
 INLINE void prefetch_group(const void *base, int64_t o, int64_t j, size_t es)
 {
@@ -986,34 +985,19 @@ INLINE void act_grad_loop_ps(float *t, const void *dy, const void *side, int64_t
     }
 }
 
-/* One loop per activation, so the choice is made once per block rather than
- * per vector. */
+/* One loop per activation (bn_act.h: CFBN_ACT_SPECIALIZE). */
 static void act_f32(const float *t, const void *side, void *out, int64_t n, int half, int kind, float alpha)
 {
-    switch (kind) {
-    case CFBN_ACT_RELU: act_loop_ps(t, side, out, n, half, CFBN_ACT_RELU, alpha); break;
-    case CFBN_ACT_RELU6: act_loop_ps(t, side, out, n, half, CFBN_ACT_RELU6, alpha); break;
-    case CFBN_ACT_LEAKY_RELU: act_loop_ps(t, side, out, n, half, CFBN_ACT_LEAKY_RELU, alpha); break;
-    case CFBN_ACT_ELU: act_loop_ps(t, side, out, n, half, CFBN_ACT_ELU, alpha); break;
-    case CFBN_ACT_SIGMOID: act_loop_ps(t, side, out, n, half, CFBN_ACT_SIGMOID, alpha); break;
-    case CFBN_ACT_TANH: act_loop_ps(t, side, out, n, half, CFBN_ACT_TANH, alpha); break;
-    case CFBN_ACT_SILU: act_loop_ps(t, side, out, n, half, CFBN_ACT_SILU, alpha); break;
-    default: act_loop_ps(t, side, out, n, half, CFBN_ACT_NONE, alpha); break;
-    }
+#define ACT_LOOP(k) act_loop_ps(t, side, out, n, half, k, alpha)
+    CFBN_ACT_SPECIALIZE(kind, ACT_LOOP)
+#undef ACT_LOOP
 }
 
 static void act_grad_f32(float *t, const void *dy, const void *side, int64_t n, int half, int kind, float alpha)
 {
-    switch (kind) {
-    case CFBN_ACT_RELU: act_grad_loop_ps(t, dy, side, n, half, CFBN_ACT_RELU, alpha); break;
-    case CFBN_ACT_RELU6: act_grad_loop_ps(t, dy, side, n, half, CFBN_ACT_RELU6, alpha); break;
-    case CFBN_ACT_LEAKY_RELU: act_grad_loop_ps(t, dy, side, n, half, CFBN_ACT_LEAKY_RELU, alpha); break;
-    case CFBN_ACT_ELU: act_grad_loop_ps(t, dy, side, n, half, CFBN_ACT_ELU, alpha); break;
-    case CFBN_ACT_SIGMOID: act_grad_loop_ps(t, dy, side, n, half, CFBN_ACT_SIGMOID, alpha); break;
-    case CFBN_ACT_TANH: act_grad_loop_ps(t, dy, side, n, half, CFBN_ACT_TANH, alpha); break;
-    case CFBN_ACT_SILU: act_grad_loop_ps(t, dy, side, n, half, CFBN_ACT_SILU, alpha); break;
-    default: act_grad_loop_ps(t, dy, side, n, half, CFBN_ACT_NONE, alpha); break;
-    }
+#define ACT_GRAD_LOOP(k) act_grad_loop_ps(t, dy, side, n, half, k, alpha)
+    CFBN_ACT_SPECIALIZE(kind, ACT_GRAD_LOOP)
+#undef ACT_GRAD_LOOP
 }
 
 static void widen_f32(const void *src, float *dst, int64_t n, int half)
@@ -1049,25 +1033,14 @@ static void stats_rows_f32(const float *x, int64_t rows, int64_t w, const double
 /* Several runs of one channel (cfbn.h: runs, stride) in one call, without the
  * fused or streaming variants: parameters broadcast once, and the gradient
  * sums stay in vector registers across runs, added up once at the end.
- * Runs are often short planes, too short for the hardware prefetchers to
- * catch, so each run also prefetches (into L2) as many elements as it holds
- * from just past its end: in NCHW that is the next channel's run, which the
- * same thread usually handles next. */
-INLINE void prefetch_next_run(const void *p, int64_t n, size_t es)
-{
-    const int64_t bytes = n * (int64_t)es;
-    if (bytes > NEXT_RUN_PREFETCH_MAX) return;
-    const char *q = (const char *)p + bytes;
-    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(q + b, _MM_HINT_T1);
-}
-
+ * Each run first prefetches the next channel's (bn_runs.h). */
 static void apply_runs_f32(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]);
     const __m256 q[8] = {m, l, a, b, m, l, a, b};
     for (int64_t k = 0; k < p->runs; k++) {
-        prefetch_next_run(x + k * p->stride, n, 4);
+        prefetch_next_run(x + k * p->stride, n * 4);
         apply_flat_ps(x + k * p->stride, y + k * p->stride, n, q, 0);
     }
 }
@@ -1116,8 +1089,8 @@ static void gstats_runs_f32(const float *dy, const float *x, int64_t n, const cf
     }
     for (; k < p->runs; k++) {
         acc8 a, b;
-        prefetch_next_run(dy + k * st, n, 4);
-        prefetch_next_run(x + k * st, n, 4);
+        prefetch_next_run(dy + k * st, n * 4);
+        prefetch_next_run(x + k * st, n * 4);
         gstats_flat_ps(dy + k * st, x + k * st, n, q, 0, &a, &b);
         s1 = _mm256_add_pd(s1, _mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
         s2 = _mm256_add_pd(s2, _mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
@@ -1132,8 +1105,8 @@ static void gapply_runs_f32(const float *dy, const float *x, float *dx, int64_t 
     __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
     const __m256 q[10] = {m, l, a, b, c, m, l, a, b, c};
     for (int64_t k = 0; k < p->runs; k++) {
-        prefetch_next_run(dy + k * p->stride, n, 4);
-        prefetch_next_run(x + k * p->stride, n, 4);
+        prefetch_next_run(dy + k * p->stride, n * 4);
+        prefetch_next_run(x + k * p->stride, n * 4);
         gapply_flat_ps(dy + k * p->stride, x + k * p->stride, dx + k * p->stride, n, q, 0);
     }
 }

@@ -13,6 +13,7 @@
 
 #include "cfbn.h"
 #include "half.h"
+#include "bn_runs.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -370,18 +371,6 @@ typedef struct {
     const void *side;   /* fused side input, or NULL */
     void *side_grad;    /* gradient apply: dy * act'(pre), or NULL */
 } pass;
-
-/* A run of a channel-first tensor is often one short plane, too short for
- * the hardware prefetchers to catch: before reading it, ask for as many
- * bytes from just past its end (into L2).  In NCHW that is the next
- * channel's run, which the same thread usually reads next. */
-#define NEXT_RUN_PREFETCH_MAX 8192
-static void prefetch_next_run(const void *run, int64_t bytes)
-{
-    if (bytes > NEXT_RUN_PREFETCH_MAX) return;
-    const char *q = (const char *)run + bytes;
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(q + b, 0, 2);
-}
 
 static const void *at_elem(const void *base, int dtype, int64_t i)
 {

@@ -662,34 +662,19 @@ INLINE void act_grad_loop_s(float *t, const void *dy, const void *side, int64_t 
     }
 }
 
-/* One loop per activation, so the choice is made once per block rather than
- * per vector. */
+/* One loop per activation (bn_act.h: CFBN_ACT_SPECIALIZE). */
 static void act_f32(const float *t, const void *side, void *out, int64_t n, int half, int kind, float alpha)
 {
-    switch (kind) {
-    case CFBN_ACT_RELU: act_loop_s(t, side, out, n, half, CFBN_ACT_RELU, alpha); break;
-    case CFBN_ACT_RELU6: act_loop_s(t, side, out, n, half, CFBN_ACT_RELU6, alpha); break;
-    case CFBN_ACT_LEAKY_RELU: act_loop_s(t, side, out, n, half, CFBN_ACT_LEAKY_RELU, alpha); break;
-    case CFBN_ACT_ELU: act_loop_s(t, side, out, n, half, CFBN_ACT_ELU, alpha); break;
-    case CFBN_ACT_SIGMOID: act_loop_s(t, side, out, n, half, CFBN_ACT_SIGMOID, alpha); break;
-    case CFBN_ACT_TANH: act_loop_s(t, side, out, n, half, CFBN_ACT_TANH, alpha); break;
-    case CFBN_ACT_SILU: act_loop_s(t, side, out, n, half, CFBN_ACT_SILU, alpha); break;
-    default: act_loop_s(t, side, out, n, half, CFBN_ACT_NONE, alpha); break;
-    }
+#define ACT_LOOP(k) act_loop_s(t, side, out, n, half, k, alpha)
+    CFBN_ACT_SPECIALIZE(kind, ACT_LOOP)
+#undef ACT_LOOP
 }
 
 static void act_grad_f32(float *t, const void *dy, const void *side, int64_t n, int half, int kind, float alpha)
 {
-    switch (kind) {
-    case CFBN_ACT_RELU: act_grad_loop_s(t, dy, side, n, half, CFBN_ACT_RELU, alpha); break;
-    case CFBN_ACT_RELU6: act_grad_loop_s(t, dy, side, n, half, CFBN_ACT_RELU6, alpha); break;
-    case CFBN_ACT_LEAKY_RELU: act_grad_loop_s(t, dy, side, n, half, CFBN_ACT_LEAKY_RELU, alpha); break;
-    case CFBN_ACT_ELU: act_grad_loop_s(t, dy, side, n, half, CFBN_ACT_ELU, alpha); break;
-    case CFBN_ACT_SIGMOID: act_grad_loop_s(t, dy, side, n, half, CFBN_ACT_SIGMOID, alpha); break;
-    case CFBN_ACT_TANH: act_grad_loop_s(t, dy, side, n, half, CFBN_ACT_TANH, alpha); break;
-    case CFBN_ACT_SILU: act_grad_loop_s(t, dy, side, n, half, CFBN_ACT_SILU, alpha); break;
-    default: act_grad_loop_s(t, dy, side, n, half, CFBN_ACT_NONE, alpha); break;
-    }
+#define ACT_GRAD_LOOP(k) act_grad_loop_s(t, dy, side, n, half, k, alpha)
+    CFBN_ACT_SPECIALIZE(kind, ACT_GRAD_LOOP)
+#undef ACT_GRAD_LOOP
 }
 
 static void widen_f32(const void *src, float *dst, int64_t n, int half)

@@ -15,139 +15,69 @@ static inline const void *runs_at(const void *p, int64_t k, int64_t stride, size
     return p ? (const char *)p + (size_t)(k * stride) * esize : NULL;
 }
 
-static inline int runs_apply_f32(void (*fn)(const float *, float *, int64_t, const cfbn_apply_f32 *),
-                                 const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
+/* A run of a channel-first tensor is often one short plane, too short for
+ * the hardware prefetchers to catch: before reading it, ask (into L2) for as
+ * many bytes from just past its end.  In NCHW that is the next channel's run,
+ * which the same thread usually reads next.  Runs longer than
+ * NEXT_RUN_PREFETCH_MAX bytes are left to the hardware. */
+#define NEXT_RUN_PREFETCH_MAX 8192
+static inline void prefetch_next_run(const void *run, int64_t bytes)
 {
-    if (p->runs <= 1) return 0;
-    cfbn_apply_f32 q = *p;
-    q.runs = 1;
-    for (int64_t k = 0; k < p->runs; k++) {
-        q.side = runs_at(p->side, k, p->stride, sizeof(float));
-        fn(x + k * p->stride, y + k * p->stride, n, &q);
-    }
-    return 1;
+    if (bytes > NEXT_RUN_PREFETCH_MAX) return;
+    const char *q = (const char *)run + bytes;
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(q + b, 0, 2);
 }
 
-static inline int runs_gstats_f32(void (*fn)(const float *, const float *, int64_t, const cfbn_grad_f32 *, double *),
-                                  const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
-{
-    if (p->runs <= 1) return 0;
-    cfbn_grad_f32 q = *p;
-    q.runs = 1;
-    double s1 = 0.0, s2 = 0.0, part[2];
-    for (int64_t k = 0; k < p->runs; k++) {
-        q.side = runs_at(p->side, k, p->stride, sizeof(float));
-        fn(dy + k * p->stride, x + k * p->stride, n, &q, part);
-        s1 += part[0];
-        s2 += part[1];
+/* The three splitters for one storage type T (its parameter structs AP and
+ * GP): runs_apply_SFX, runs_gstats_SFX and runs_gapply_SFX. */
+#define CFBN_RUNS_SPLITTERS(SFX, T, AP, GP)                                                              \
+    static inline int runs_apply_##SFX(void (*fn)(const T *, T *, int64_t, const AP *), const T *x, T *y, \
+                                       int64_t n, const AP *p)                                            \
+    {                                                                                                     \
+        if (p->runs <= 1) return 0;                                                                       \
+        AP q = *p;                                                                                        \
+        q.runs = 1;                                                                                       \
+        for (int64_t k = 0; k < p->runs; k++) {                                                           \
+            q.side = runs_at(p->side, k, p->stride, sizeof(T));                                           \
+            fn(x + k * p->stride, y + k * p->stride, n, &q);                                              \
+        }                                                                                                 \
+        return 1;                                                                                         \
+    }                                                                                                     \
+                                                                                                          \
+    static inline int runs_gstats_##SFX(void (*fn)(const T *, const T *, int64_t, const GP *, double *),  \
+                                        const T *dy, const T *x, int64_t n, const GP *p, double *acc)     \
+    {                                                                                                     \
+        if (p->runs <= 1) return 0;                                                                       \
+        GP q = *p;                                                                                        \
+        q.runs = 1;                                                                                       \
+        double s1 = 0.0, s2 = 0.0, part[2];                                                               \
+        for (int64_t k = 0; k < p->runs; k++) {                                                           \
+            q.side = runs_at(p->side, k, p->stride, sizeof(T));                                           \
+            fn(dy + k * p->stride, x + k * p->stride, n, &q, part);                                       \
+            s1 += part[0];                                                                                \
+            s2 += part[1];                                                                                \
+        }                                                                                                 \
+        acc[0] = s1;                                                                                      \
+        acc[1] = s2;                                                                                      \
+        return 1;                                                                                         \
+    }                                                                                                     \
+                                                                                                          \
+    static inline int runs_gapply_##SFX(void (*fn)(const T *, const T *, T *, int64_t, const GP *),       \
+                                        const T *dy, const T *x, T *dx, int64_t n, const GP *p)           \
+    {                                                                                                     \
+        if (p->runs <= 1) return 0;                                                                       \
+        GP q = *p;                                                                                        \
+        q.runs = 1;                                                                                       \
+        for (int64_t k = 0; k < p->runs; k++) {                                                           \
+            q.side = runs_at(p->side, k, p->stride, sizeof(T));                                           \
+            q.side_grad = (void *)runs_at(p->side_grad, k, p->stride, sizeof(T));                         \
+            fn(dy + k * p->stride, x + k * p->stride, dx + k * p->stride, n, &q);                         \
+        }                                                                                                 \
+        return 1;                                                                                         \
     }
-    acc[0] = s1;
-    acc[1] = s2;
-    return 1;
-}
 
-static inline int runs_gapply_f32(void (*fn)(const float *, const float *, float *, int64_t, const cfbn_grad_f32 *),
-                                  const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
-{
-    if (p->runs <= 1) return 0;
-    cfbn_grad_f32 q = *p;
-    q.runs = 1;
-    for (int64_t k = 0; k < p->runs; k++) {
-        q.side = runs_at(p->side, k, p->stride, sizeof(float));
-        q.side_grad = (void *)runs_at(p->side_grad, k, p->stride, sizeof(float));
-        fn(dy + k * p->stride, x + k * p->stride, dx + k * p->stride, n, &q);
-    }
-    return 1;
-}
-
-static inline int runs_apply_f16(void (*fn)(const uint16_t *, uint16_t *, int64_t, const cfbn_apply_f32 *),
-                                 const uint16_t *x, uint16_t *y, int64_t n, const cfbn_apply_f32 *p)
-{
-    if (p->runs <= 1) return 0;
-    cfbn_apply_f32 q = *p;
-    q.runs = 1;
-    for (int64_t k = 0; k < p->runs; k++) {
-        q.side = runs_at(p->side, k, p->stride, sizeof(uint16_t));
-        fn(x + k * p->stride, y + k * p->stride, n, &q);
-    }
-    return 1;
-}
-
-static inline int runs_gstats_f16(void (*fn)(const uint16_t *, const uint16_t *, int64_t, const cfbn_grad_f32 *, double *),
-                                  const uint16_t *dy, const uint16_t *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
-{
-    if (p->runs <= 1) return 0;
-    cfbn_grad_f32 q = *p;
-    q.runs = 1;
-    double s1 = 0.0, s2 = 0.0, part[2];
-    for (int64_t k = 0; k < p->runs; k++) {
-        q.side = runs_at(p->side, k, p->stride, sizeof(uint16_t));
-        fn(dy + k * p->stride, x + k * p->stride, n, &q, part);
-        s1 += part[0];
-        s2 += part[1];
-    }
-    acc[0] = s1;
-    acc[1] = s2;
-    return 1;
-}
-
-static inline int runs_gapply_f16(void (*fn)(const uint16_t *, const uint16_t *, uint16_t *, int64_t, const cfbn_grad_f32 *),
-                                  const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t n, const cfbn_grad_f32 *p)
-{
-    if (p->runs <= 1) return 0;
-    cfbn_grad_f32 q = *p;
-    q.runs = 1;
-    for (int64_t k = 0; k < p->runs; k++) {
-        q.side = runs_at(p->side, k, p->stride, sizeof(uint16_t));
-        q.side_grad = (void *)runs_at(p->side_grad, k, p->stride, sizeof(uint16_t));
-        fn(dy + k * p->stride, x + k * p->stride, dx + k * p->stride, n, &q);
-    }
-    return 1;
-}
-
-static inline int runs_apply_f64(void (*fn)(const double *, double *, int64_t, const cfbn_apply_f64 *),
-                                 const double *x, double *y, int64_t n, const cfbn_apply_f64 *p)
-{
-    if (p->runs <= 1) return 0;
-    cfbn_apply_f64 q = *p;
-    q.runs = 1;
-    for (int64_t k = 0; k < p->runs; k++) {
-        q.side = runs_at(p->side, k, p->stride, sizeof(double));
-        fn(x + k * p->stride, y + k * p->stride, n, &q);
-    }
-    return 1;
-}
-
-static inline int runs_gstats_f64(void (*fn)(const double *, const double *, int64_t, const cfbn_grad_f64 *, double *),
-                                  const double *dy, const double *x, int64_t n, const cfbn_grad_f64 *p, double *acc)
-{
-    if (p->runs <= 1) return 0;
-    cfbn_grad_f64 q = *p;
-    q.runs = 1;
-    double s1 = 0.0, s2 = 0.0, part[2];
-    for (int64_t k = 0; k < p->runs; k++) {
-        q.side = runs_at(p->side, k, p->stride, sizeof(double));
-        fn(dy + k * p->stride, x + k * p->stride, n, &q, part);
-        s1 += part[0];
-        s2 += part[1];
-    }
-    acc[0] = s1;
-    acc[1] = s2;
-    return 1;
-}
-
-static inline int runs_gapply_f64(void (*fn)(const double *, const double *, double *, int64_t, const cfbn_grad_f64 *),
-                                  const double *dy, const double *x, double *dx, int64_t n, const cfbn_grad_f64 *p)
-{
-    if (p->runs <= 1) return 0;
-    cfbn_grad_f64 q = *p;
-    q.runs = 1;
-    for (int64_t k = 0; k < p->runs; k++) {
-        q.side = runs_at(p->side, k, p->stride, sizeof(double));
-        q.side_grad = (void *)runs_at(p->side_grad, k, p->stride, sizeof(double));
-        fn(dy + k * p->stride, x + k * p->stride, dx + k * p->stride, n, &q);
-    }
-    return 1;
-}
+CFBN_RUNS_SPLITTERS(f32, float, cfbn_apply_f32, cfbn_grad_f32)
+CFBN_RUNS_SPLITTERS(f16, uint16_t, cfbn_apply_f32, cfbn_grad_f32)
+CFBN_RUNS_SPLITTERS(f64, double, cfbn_apply_f64, cfbn_grad_f64)
 
 #endif
