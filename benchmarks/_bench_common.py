@@ -322,6 +322,7 @@ def machine_info():
         "isa": info["selected_isa"],
         "max_threads": info["max_threads"],
         "openmp": info["openmp"],
+        "output_cache_mb": info["output_cache_limit"] >> 20,
         "cfbn": cfbn.__version__,
         "numpy": np.__version__,
         "torch": torch.__version__ if torch is not None else None,

@@ -7,7 +7,8 @@ __version__ = "0.1.0"
 
 from . import reference
 from ._api import (BatchNormGrad, BatchNormGradSide, BatchNormOutput, fused_batch_norm,
-                   fused_batch_norm_grad, runtime_info)
+                   fused_batch_norm_grad, output_cache_info, release_output_cache, runtime_info,
+                   set_output_cache_limit)
 from .fold import fold_batch_norm
 from .layer import BatchNorm
 from ._split import (BatchNormGradStatistics, BatchNormStatistics, batch_norm_apply,
@@ -19,4 +20,5 @@ __all__ = ["BatchNormGrad", "BatchNormGradSide", "BatchNormOutput", "fused_batch
            "BatchNorm", "fold_batch_norm",
            "BatchNormGradStatistics", "BatchNormStatistics", "batch_norm_apply",
            "batch_norm_grad_apply", "batch_norm_grad_statistics", "batch_norm_statistics",
-           "merge_statistics", "merge_statistics_many"]
+           "merge_statistics", "merge_statistics_many",
+           "output_cache_info", "release_output_cache", "set_output_cache_limit"]

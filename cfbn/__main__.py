@@ -108,7 +108,8 @@ def speed_table(rng):
 def main():
     info = cfbn.runtime_info()
     print("cfbn %s" % info["version"])
-    for key in ("compiled_isas", "supported_isas", "selected_isa", "openmp", "max_threads"):
+    for key in ("compiled_isas", "supported_isas", "selected_isa", "openmp", "max_threads",
+                "output_cache_limit"):
         print("  %-15s %s" % (key, info[key]))
     rng = np.random.default_rng(2024)
     failures = self_check(rng)

@@ -223,12 +223,12 @@ def _outputs(out, fields, specs, inputs):
     an input or another output.
     """
     if out is None:
-        return [np.empty(shape, dtype) for shape, dtype in specs]
+        return [_kernels.empty_output(shape, dtype) for shape, dtype in specs]
     given = _out_given(out, fields)
     result = []
     for field, (shape, dtype), a in zip(fields, specs, given):
         if a is None:
-            result.append(np.empty(shape, dtype))
+            result.append(_kernels.empty_output(shape, dtype))
             continue
         name = "out[%r]" % field
         if not isinstance(a, np.ndarray):
@@ -471,4 +471,60 @@ def runtime_info():
         "selected_isa": _kernels.selected_isa(),
         "openmp": _kernels.openmp_enabled(),
         "max_threads": _kernels.max_threads(),
+        "output_cache_limit": _kernels.output_cache_stats()["limit"],
     }
+
+
+def output_cache_info():
+    """What the output cache holds and has done.
+
+    Outputs of at least ``min_bytes`` (32 MiB) that cfbn allocates are made
+    through a cache: when such an array is freed, its buffer is kept (up to
+    ``limit`` bytes in all, oldest dropped first) and the next output of the
+    same size reuses it.  A fresh buffer that large is a new memory mapping,
+    which the OS faults in and zeroes on first touch, at about the cost of a
+    whole normalization pass.  Pass ``out=`` arrays to avoid allocation
+    altogether.
+
+    Returns
+    -------
+    dict
+        ``limit``, ``held_bytes``, ``held_buffers``, ``min_bytes``, and the
+        counts ``hits`` (outputs served from the cache) and ``misses``.
+    """
+    return _kernels.output_cache_stats()
+
+
+def set_output_cache_limit(nbytes):
+    """Set how many bytes of freed output buffers the cache may keep.
+
+    The default is ``CFBN_OUTPUT_CACHE_MB`` MiB when that variable is set at
+    import, else 1/16 of the machine's memory, at most 1 GiB.  0 turns the
+    cache off.  Buffers beyond a lower limit are freed at once.
+
+    Parameters
+    ----------
+    nbytes : int
+        The new limit in bytes, 0 or more.
+
+    Returns
+    -------
+    int
+        The previous limit.
+    """
+    if isinstance(nbytes, bool):
+        raise TypeError("nbytes: expected an int, got bool")
+    try:
+        n = operator.index(nbytes)
+    except TypeError:
+        raise TypeError("nbytes: expected an int, got %r" % (nbytes,)) from None
+    if n < 0:
+        raise ValueError("nbytes: expected 0 or more, got %d" % n)
+    if n >= 1 << 63:
+        raise ValueError("nbytes: expected less than 2**63, got %d" % n)
+    return _kernels.set_output_cache_limit(n)
+
+
+def release_output_cache():
+    """Free every buffer the output cache holds (the limit is unchanged)."""
+    _kernels.release_output_cache()

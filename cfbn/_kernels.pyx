@@ -7,8 +7,13 @@ released.  The kernel table is chosen once, when this module is imported.
 """
 import os
 
+import numpy as np
+
 cimport numpy as cnp
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_New
+from cpython.ref cimport PyObject
 from libc.stdint cimport int64_t
+from libc.string cimport strncpy
 
 cnp.import_array()
 
@@ -66,6 +71,25 @@ cdef extern from "cfbn.h":
                         double count, void *dx) nogil
     int cfbn_openmp_enabled()
     int cfbn_openmp_max_threads()
+
+cdef extern from "out_cache.h":
+    ctypedef struct cfbn_allocator:
+        pass
+    ctypedef struct cfbn_cache_stats:
+        size_t limit
+        size_t held_bytes
+        int held_buffers
+        unsigned long long hits
+        unsigned long long misses
+    size_t CFBN_CACHE_MIN_BYTES
+    void cfbn_cache_init(const cfbn_allocator *raw, size_t limit)
+    void cfbn_cache_allocator(cfbn_allocator *out)
+    size_t cfbn_cache_set_limit(size_t limit)
+    void cfbn_cache_release()
+    void cfbn_cache_stats_get(cfbn_cache_stats *st)
+
+cdef extern from "numpy/arrayobject.h":
+    PyObject *PyDataMem_DefaultHandler
 
 cdef const cfbn_kernels *_table = NULL
 cdef int _isa = -1
@@ -301,6 +325,111 @@ def _select_at_import():
 _select_at_import()
 
 
+# ---- outputs: large ones through the output cache (out_cache.h) ----
+#
+# NumPy lets a caller choose the allocator of the arrays it creates (NEP 49,
+# a handler in a context variable).  Large outputs are created under a
+# handler that wraps NumPy's default one and keeps freed buffers for reuse;
+# they are ordinary arrays that own their data.  A handler the user chose
+# is left alone.
+
+cdef cnp.PyDataMem_Handler _cache_handler
+cdef object _cache_capsule = None
+cdef object _default_handler = None
+cdef size_t _cache_limit = 0
+
+
+def _init_output_cache(size_t limit):
+    global _cache_capsule, _default_handler, _cache_limit
+    _default_handler = <object>PyDataMem_DefaultHandler
+    cdef cnp.PyDataMem_Handler *d = <cnp.PyDataMem_Handler *>PyCapsule_GetPointer(
+        _default_handler, "mem_handler")
+    cfbn_cache_init(<cfbn_allocator *>&d.allocator, limit)
+    strncpy(_cache_handler.name, b"cfbn_output_cache", 126)
+    _cache_handler.version = d.version
+    cfbn_cache_allocator(<cfbn_allocator *>&_cache_handler.allocator)
+    _cache_capsule = PyCapsule_New(&_cache_handler, "mem_handler", NULL)
+    _cache_limit = limit
+
+
+cdef inline bint _cacheable(size_t nbytes):
+    return (_cache_limit >= nbytes >= CFBN_CACHE_MIN_BYTES
+            and cnp.PyDataMem_GetHandler() is _default_handler)
+
+
+cdef cnp.ndarray _empty_output(cnp.ndarray like):
+    """An uninitialized array of like's shape and type."""
+    cdef int nd = cnp.PyArray_NDIM(like)
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(like)
+    cdef int t = cnp.PyArray_TYPE(like)
+    if not _cacheable(<size_t>cnp.PyArray_NBYTES(like)):
+        return cnp.PyArray_EMPTY(nd, dims, t, 0)
+    cnp.PyDataMem_SetHandler(_cache_capsule)
+    try:
+        return cnp.PyArray_EMPTY(nd, dims, t, 0)
+    finally:
+        cnp.PyDataMem_SetHandler(_default_handler)
+
+
+def empty_output(shape, dtype):
+    """np.empty(shape, dtype), through the output cache when large."""
+    dt = np.dtype(dtype)
+    cdef size_t nbytes = dt.itemsize
+    for n in shape:
+        nbytes *= <size_t>n
+    if not _cacheable(nbytes):
+        return np.empty(shape, dt)
+    cnp.PyDataMem_SetHandler(_cache_capsule)
+    try:
+        return np.empty(shape, dt)
+    finally:
+        cnp.PyDataMem_SetHandler(_default_handler)
+
+
+def output_cache_min_bytes():
+    return CFBN_CACHE_MIN_BYTES
+
+
+def set_output_cache_limit(size_t limit):
+    """Set the cache's byte limit; returns the previous one."""
+    global _cache_limit
+    _cache_limit = limit
+    return cfbn_cache_set_limit(limit)
+
+
+def release_output_cache():
+    cfbn_cache_release()
+
+
+def output_cache_stats():
+    cdef cfbn_cache_stats st
+    cfbn_cache_stats_get(&st)
+    return {"limit": st.limit, "held_bytes": st.held_bytes, "held_buffers": st.held_buffers,
+            "hits": st.hits, "misses": st.misses, "min_bytes": CFBN_CACHE_MIN_BYTES}
+
+
+def _default_cache_limit():
+    """CFBN_OUTPUT_CACHE_MB when set, else 1/16 of this machine's memory up to 1 GiB."""
+    text = os.environ.get("CFBN_OUTPUT_CACHE_MB", "")
+    if text:
+        try:
+            mb = int(text)
+        except ValueError:
+            mb = -1
+        if mb < 0:
+            raise ValueError("CFBN_OUTPUT_CACHE_MB=%r: expected a whole number of MiB, 0 or more"
+                             % text)
+        return mb << 20
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        ram = 0
+    return min(1 << 30, ram // 16) if ram > 0 else 0
+
+
+_init_output_cache(_default_cache_limit())
+
+
 # ---- the common case without Python-level validation ----
 #
 # A training loop calls cfbn thousands of times a second on small tensors, so
@@ -509,7 +638,7 @@ def fast_forward(x, scale, offset, mean, variance, epsilon, exponential_avg_fact
     given = tuple(given)
     y, bm, bv, sm, sv = given
     if y is None:
-        y = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(xa), cnp.PyArray_DIMS(xa), cnp.PyArray_TYPE(xa), 0)
+        y = _empty_output(xa)
     elif not _plain_out(y, xa, cnp.PyArray_TYPE(xa)):
         return None
     for v in (bm, bv, sm, sv):
@@ -567,7 +696,7 @@ def fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilo
     given = tuple(given)
     dx, dscale, doffset = given
     if dx is None:
-        dx = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(xa), cnp.PyArray_DIMS(xa), cnp.PyArray_TYPE(xa), 0)
+        dx = _empty_output(xa)
     elif not _plain_out(dx, xa, cnp.PyArray_TYPE(xa)):
         return None
     for v in (dscale, doffset):

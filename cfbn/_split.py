@@ -84,7 +84,7 @@ def _count(count, name):
 def _result(out, x):
     """The output array: a new one, or the caller's `out` after checking it."""
     if out is None:
-        return np.empty(x.shape, x.dtype)
+        return _kernels.empty_output(x.shape, x.dtype)
     if not isinstance(out, np.ndarray):
         raise TypeError("out: expected a numpy array, got %s" % type(out).__name__)
     _check_out_array(out, "out", x.shape, x.dtype)

@@ -128,7 +128,7 @@ def sync_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4,
         bv = (1.0 - factor) * variance.astype(_F64) + factor * unbiased
     else:
         bm, bv = mu, unbiased
-    y = np.empty(x.shape, x.dtype)
+    y = _kernels.empty_output(x.shape, x.dtype)
     _kernels.apply(dt, layout, outer, channels, inner, nt, x, scale, offset, mu, var, eps, y)
     return BatchNormOutput(y, bm.astype(vdt), bv.astype(vdt), mu.astype(vdt), var.astype(vdt))
 
@@ -187,7 +187,7 @@ def sync_batch_norm_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2,
     sum_dy = np.ascontiguousarray(total[:channels])
     sum_dy_xhat = np.ascontiguousarray(total[channels:2 * channels])
     n = float(total[2 * channels])
-    dx = np.empty(x.shape, x.dtype)
+    dx = _kernels.empty_output(x.shape, x.dtype)
     if x.size:
         _kernels.grad_apply(dt, layout, outer, channels, inner, nt, dy, x, scale, mu, var, eps,
                             sum_dy, sum_dy_xhat, n, dx)
