@@ -416,6 +416,16 @@ INLINE void prefetch_group(const void *base, int64_t o, int64_t j, size_t es)
     for (size_t b = 0; b < 64 * es; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
 }
 
+/* The same into L2 only, for the gradient sums, which read two arrays: with
+ * both prefetched into L1 the fills crowd out the lines in use (measured on
+ * (64,112,112,64): 20% faster from DRAM, 5-15% from L3, where the
+ * one-array statistics are faster with the L1 prefetch). */
+INLINE void prefetch_group_l2(const void *base, int64_t o, int64_t j, size_t es)
+{
+    const char *q = (const char *)base + (size_t)o * es + PREFETCH_BYTES + (size_t)j * 8 * es;
+    for (size_t b = 0; b < 64 * es; b += 64) _mm_prefetch(q + b, _MM_HINT_T1);
+}
+
 INLINE void add_block(double *acc, int64_t w, int64_t j, __m256 t1, __m256 t2)
 {
     _mm256_storeu_pd(acc + j, _mm256_add_pd(_mm256_loadu_pd(acc + j), lo_pd(t1)));
@@ -487,8 +497,8 @@ INLINE void gstats_rows8_ps(const void *dy, const void *x, int64_t rows, int64_t
         const int64_t o = r * w;
         const char *bd = (const char *)dy + (size_t)o * es, *bx = (const char *)x + (size_t)o * es;
         for (int64_t j = 0; j < w; j += 8, bd += 8 * es, bx += 8 * es) {
-            prefetch_group(dy, o, j, es);
-            prefetch_group(x, o, j, es);
+            prefetch_group_l2(dy, o, j, es);
+            prefetch_group_l2(x, o, j, es);
             const __m256 m = _mm256_loadu_ps(mhi + j);
             __m256 s[4], q[4];
             for (int k = 0; k < 4; k++) {
