@@ -277,3 +277,44 @@ S32 = np.ones(3, np.float32)
 def test_errors_name_the_argument(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_channel_at_a_time_matches_split_and_is_thread_independent(isa):
+    # Channels-first training tensors of 128 MB and more, with planes of 256+
+    # elements and a small slice per channel, go a channel at a time (sums
+    # plane by plane, then the output while the slice is in cache); the split
+    # calls go plane by plane over the whole tensor.  Same bits either way.
+    x, dy, v = _case("NCHW", np.float32, (32, 16384, 64), tag="channel")
+    assert x.shape == (32, 64, 128, 128) and x.nbytes >= 128 << 20
+    fused = {nt: cfbn.fused_batch_norm(x, v["scale"], v["offset"], epsilon=EPS,
+                                       data_format="NCHW", n_threads=nt) for nt in (1, 2, 3)}
+    mu, var = fused[1].reserve_space_1, fused[1].reserve_space_2
+    grads = {nt: cfbn.fused_batch_norm_grad(dy, x, v["scale"], mu, var, epsilon=EPS,
+                                            data_format="NCHW", n_threads=nt) for nt in (1, 2, 3)}
+    for nt in (2, 3):
+        for a, b in zip(list(fused[1]) + list(grads[1]), list(fused[nt]) + list(grads[nt])):
+            assert a.tobytes() == b.tobytes()
+    st = cfbn.batch_norm_statistics(x, data_format="NCHW")
+    y = cfbn.batch_norm_apply(x, st.mean, st.variance(), v["scale"], v["offset"], epsilon=EPS,
+                              data_format="NCHW")
+    assert y.tobytes() == fused[1].y.tobytes()
+    assert st.mean.astype(np.float32).tobytes() == mu.tobytes()
+    assert st.variance().astype(np.float32).tobytes() == var.tobytes()
+    gs = cfbn.batch_norm_grad_statistics(dy, x, mu, var, epsilon=EPS, data_format="NCHW")
+    dx = cfbn.batch_norm_grad_apply(dy, x, v["scale"], mu, var, gs.sum_dy, gs.sum_dy_xhat,
+                                    st.count, epsilon=EPS, data_format="NCHW")
+    assert dx.tobytes() == grads[1].x_backprop.tobytes()
+    assert gs.sum_dy.astype(np.float32).tobytes() == grads[1].offset_backprop.tobytes()
+    assert gs.sum_dy_xhat.astype(np.float32).tobytes() == grads[1].scale_backprop.tobytes()
+    # and right: one channel's slice against the float64 reference
+    ref = reference.fused_batch_norm_grad(dy[:, 5:6], x[:, 5:6], v["scale"][5:6], mu[5:6],
+                                          var[5:6], epsilon=EPS, data_format="NCHW")
+    b = grad_bounds(dy[:, 5:6], x[:, 5:6], v["scale"][5:6], mu[5:6], var[5:6], epsilon=EPS,
+                    data_format="NCHW", is_training=True)
+    assert_close("dx", grads[1].x_backprop[:, 5:6], ref.x_backprop, b["x_backprop"], np.float32)
+    fref = reference.fused_batch_norm(x[:, 5:6], v["scale"][5:6], v["offset"][5:6], epsilon=EPS,
+                                      data_format="NCHW")
+    fb = forward_bounds(x[:, 5:6], v["scale"][5:6], v["offset"][5:6], None, None, fref,
+                        epsilon=EPS, data_format="NCHW", is_training=True)
+    assert_close("y", fused[1].y[:, 5:6], fref.y, fb["y"], np.float32)
+    assert_close("mean", mu[5:6], fref.reserve_space_1, fb["reserve_space_1"], np.float32)
