@@ -198,15 +198,21 @@ def _check_dy(dy, x):
         raise ValueError("y_backprop: expected x's shape %s, got %s" % (x.shape, dy.shape))
 
 
+def _index(value, name, expected="an int"):
+    """`value` as a Python int; a bool, float or other type is a TypeError
+    naming the argument."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError("%s: expected %s, got bool" % (name, expected))
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError("%s: expected %s, got %r" % (name, expected, value)) from None
+
+
 def _threads(n_threads):
     if n_threads is None:
         return 0
-    if isinstance(n_threads, bool):
-        raise TypeError("n_threads: expected an int or None, got bool")
-    try:
-        n = operator.index(n_threads)
-    except TypeError:
-        raise TypeError("n_threads: expected an int or None, got %r" % (n_threads,)) from None
+    n = _index(n_threads, "n_threads", "an int or None")
     if n < 1:
         raise ValueError("n_threads: expected at least 1, got %d" % n)
     if n > 1024:
@@ -512,12 +518,7 @@ def set_output_cache_limit(nbytes):
     int
         The previous limit.
     """
-    if isinstance(nbytes, bool):
-        raise TypeError("nbytes: expected an int, got bool")
-    try:
-        n = operator.index(nbytes)
-    except TypeError:
-        raise TypeError("nbytes: expected an int, got %r" % (nbytes,)) from None
+    n = _index(nbytes, "nbytes")
     if n < 0:
         raise ValueError("nbytes: expected 0 or more, got %d" % n)
     if n >= 1 << 63:

@@ -8,13 +8,12 @@ Statistics travel as float64 ``(count, mean, m2)`` with
 ``m2 = sum((x - mean)**2)``: unlike ``(sum x, sum x**2)`` they merge without
 cancellation however large the mean is next to the spread.
 """
-import operator
 from collections import namedtuple
 
 import numpy as np
 
 from . import _kernels
-from ._api import (_as_array, _check_out_array, _contiguous, _epsilon, _is_cupy,
+from ._api import (_as_array, _check_out_array, _contiguous, _epsilon, _index, _is_cupy,
                    _layout, _tensor, _threads, _vector)
 
 _F64 = np.dtype(np.float64)
@@ -70,12 +69,7 @@ def _stat_vector(v, name, channels):
 
 
 def _count(count, name):
-    if isinstance(count, (bool, np.bool_)):
-        raise TypeError("%s: expected an int, got bool" % name)
-    try:
-        n = operator.index(count)
-    except TypeError:
-        raise TypeError("%s: expected an int, got %r" % (name, count)) from None
+    n = _index(count, name)
     if n < 0:
         raise ValueError("%s: expected a count >= 0, got %d" % (name, n))
     return n
