@@ -386,10 +386,6 @@ def empty_output(shape, dtype):
         cnp.PyDataMem_SetHandler(_default_handler)
 
 
-def output_cache_min_bytes():
-    return CFBN_CACHE_MIN_BYTES
-
-
 def set_output_cache_limit(size_t limit):
     """Set the cache's byte limit; returns the previous one."""
     global _cache_limit
@@ -416,8 +412,8 @@ def _default_cache_limit():
             mb = int(text)
         except ValueError:
             mb = -1
-        if mb < 0:
-            raise ValueError("CFBN_OUTPUT_CACHE_MB=%r: expected a whole number of MiB, 0 or more"
+        if not 0 <= mb < 1 << 43:
+            raise ValueError("CFBN_OUTPUT_CACHE_MB=%r: expected a whole number of MiB, 0 to 2**43 - 1"
                              % text)
         return mb << 20
     try:

@@ -224,7 +224,7 @@ def test_limit_from_environment():
     r = run_python(code, CFBN_OUTPUT_CACHE_MB="0")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["0", "0"]
-    for bad in ("lots", "-5", "1.5"):
+    for bad in ("lots", "-5", "1.5", str(1 << 50)):
         r = run_python(code, CFBN_OUTPUT_CACHE_MB=bad)
         assert r.returncode != 0
         assert "CFBN_OUTPUT_CACHE_MB" in r.stderr and "ValueError" in r.stderr
