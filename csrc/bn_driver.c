@@ -106,15 +106,6 @@ static int stream_output(const cfbn_shape *s, int tensors, int64_t min_bytes)
     return s->outer * s->channels * s->inner * (int64_t)elem_size(s->dtype) * tensors >= min_bytes;
 }
 
-/* Whether a channels-first training pass that reads `tensors` tensors goes a
- * channel at a time (CHANNEL_PASS_*); plan p of shape s. */
-static int channel_at_a_time(const cfbn_shape *s, int planes, int64_t G, int tensors)
-{
-    int64_t slice = s->outer * s->inner * (int64_t)elem_size(s->dtype) * tensors;
-    return s->layout == CFBN_CHANNELS_FIRST && planes && G == 1 && slice <= CHANNEL_PASS_MAX_SLICE
-           && slice * s->channels >= CHANNEL_PASS_MIN_BYTES;
-}
-
 static int thread_count(const cfbn_shape *s)
 {
     int64_t total = s->outer * s->channels * s->inner;
@@ -196,6 +187,17 @@ static void make_plan(const cfbn_shape *s, plan *p)
     if (p->rows > pr * max_pieces) pr = (p->rows + max_pieces - 1) / max_pieces;
     p->piece_rows = pr;
     p->pieces = (p->rows + pr - 1) / pr;
+}
+
+/* Whether a channels-first training pass that reads `tensors` tensors goes
+ * one task per channel, its sums then its output: with small planes (G == 1
+ * pieces), or on tensors far beyond the cache (CHANNEL_PASS_*). */
+static int per_channel(const plan *p, int tensors)
+{
+    if (p->layout != CFBN_CHANNELS_FIRST || p->G != 1) return 0;
+    if (!p->planes) return 1;
+    int64_t slice = p->n * (int64_t)elem_size(p->dtype) * tensors;
+    return slice <= CHANNEL_PASS_MAX_SLICE && slice * p->C >= CHANNEL_PASS_MIN_BYTES;
 }
 
 /* Channels-first: the piece g of channel c covers the channel's elements
@@ -846,7 +848,7 @@ int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
     pass st = { k, &p, &pp, PASS_STATS, x, NULL, NULL, NULL, NULL };
     pass ap = { k, &p, &pp, PASS_APPLY, x, NULL, y, fusion ? fusion->side : NULL, NULL };
 
-    if (s->layout == CFBN_CHANNELS_FIRST && p.G == 1 && (!p.planes || channel_at_a_time(s, p.planes, p.G, 1))) {
+    if (per_channel(&p, 1)) {
         /* One task per channel: its statistics, then its normalization while
          * the channel's planes are still in this core's cache. */
         fused_fwd ctx = { &st, &ap, &a, &pp, shift };
@@ -1021,8 +1023,7 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
     const void *side = fusion ? fusion->side : NULL;
     pass gs = { k, &p, &pp, PASS_GSTATS, dy, x, NULL, side, NULL };
     pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx, side, fusion ? fusion->side_grad : NULL };
-    if (dx && a->training && s->layout == CFBN_CHANNELS_FIRST && p.G == 1
-        && (!p.planes || channel_at_a_time(s, p.planes, p.G, 2))) {
+    if (dx && a->training && per_channel(&p, 2)) {
         /* One task per channel: sums, then dx while dy and x are in cache. */
         fused_bwd ctx = { &gs, &ga, a, &pp };
         parallel_for(nt, p.C, fused_backward_task, &ctx);
