@@ -357,18 +357,20 @@ cdef inline bint _cacheable(size_t nbytes):
             and cnp.PyDataMem_GetHandler() is _default_handler)
 
 
-cdef cnp.ndarray _empty_output(cnp.ndarray like):
-    """An uninitialized array of like's shape and type."""
-    cdef int nd = cnp.PyArray_NDIM(like)
-    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(like)
-    cdef int t = cnp.PyArray_TYPE(like)
-    if not _cacheable(<size_t>cnp.PyArray_NBYTES(like)):
-        return cnp.PyArray_EMPTY(nd, dims, t, 0)
+cdef object _empty_cached(shape, dt):
+    """np.empty(shape, dt) with the output cache's handler current."""
     cnp.PyDataMem_SetHandler(_cache_capsule)
     try:
-        return cnp.PyArray_EMPTY(nd, dims, t, 0)
+        return np.empty(shape, dt)
     finally:
         cnp.PyDataMem_SetHandler(_default_handler)
+
+
+cdef cnp.ndarray _empty_output(cnp.ndarray like):
+    """An uninitialized array of like's shape and type."""
+    if _cacheable(<size_t>cnp.PyArray_NBYTES(like)):
+        return _empty_cached((<object>like).shape, (<object>like).dtype)
+    return cnp.PyArray_EMPTY(cnp.PyArray_NDIM(like), cnp.PyArray_DIMS(like), cnp.PyArray_TYPE(like), 0)
 
 
 def empty_output(shape, dtype):
@@ -377,13 +379,7 @@ def empty_output(shape, dtype):
     cdef size_t nbytes = dt.itemsize
     for n in shape:
         nbytes *= <size_t>n
-    if not _cacheable(nbytes):
-        return np.empty(shape, dt)
-    cnp.PyDataMem_SetHandler(_cache_capsule)
-    try:
-        return np.empty(shape, dt)
-    finally:
-        cnp.PyDataMem_SetHandler(_default_handler)
+    return _empty_cached(shape, dt) if _cacheable(nbytes) else np.empty(shape, dt)
 
 
 def set_output_cache_limit(size_t limit):
