@@ -271,20 +271,29 @@ def target_cells(args, torch):
     return rows
 
 
-def copy_bandwidth(torch, nbytes, repeats, retry):
-    """Copy bandwidth (2 x bytes / time) of a `nbytes` float32 array:
-    np.copyto (one thread) and, with torch, dst.copy_(src) at 2 threads.
-    Also, for context, the same copies into a fresh array each time
-    (np.copy, torch clone), which pay for the new pages as a plain cfbn
-    call pays for its outputs.  Returns (into existing, into fresh)."""
-    n = nbytes // 4
-    src = np.random.default_rng(1).standard_normal(n, dtype=np.float32)
+def copy_calls(torch, nbytes):
+    """Copies of a `nbytes` float32 array, by name: into an existing array
+    (np.copyto; torch's dst.copy_(src), which the caller runs at 2 threads)
+    and, for context, into a fresh array each time (np.copy, torch clone),
+    which pay for the new pages as a plain cfbn call with the output cache
+    off pays for its outputs.  Returns (into existing, into fresh)."""
+    src = np.random.default_rng(1).standard_normal(nbytes // 4, dtype=np.float32)
     dst = np.empty_like(src)
-    fns = [lambda: np.copyto(dst, src), lambda: np.copy(src)]
-    prev = None
+    into = {"np.copyto (1 thread)": lambda: np.copyto(dst, src)}
+    fresh = {"np.copy (1 thread)": lambda: np.copy(src)}
     if torch is not None:
         ts, td = torch.from_numpy(src), torch.from_numpy(dst)
-        fns += [lambda: td.copy_(ts), lambda: ts.clone()]
+        into["torch copy_ (2 threads)"] = lambda: td.copy_(ts)
+        fresh["torch clone (2 threads)"] = lambda: ts.clone()
+    return into, fresh
+
+
+def copy_bandwidth(torch, calls, nbytes, repeats, retry):
+    """Bandwidth (2 x bytes / time) of each copy in `calls` (name: fn) of a
+    `nbytes` array, torch at 2 threads; returns {name: GB/s}."""
+    fns = list(calls.values())
+    prev = None
+    if torch is not None:
         prev = torch.get_num_threads()
         torch.set_num_threads(2)
     try:
@@ -293,15 +302,7 @@ def copy_bandwidth(torch, nbytes, repeats, retry):
         if prev is not None:
             torch.set_num_threads(prev)
     log("  others' load %s" % fmt_load(load))
-
-    def gbps(k):
-        return 2 * src.nbytes / median(samples[k]) / 1e9
-    result = {"np.copyto (1 thread)": gbps(0)}
-    fresh = {"np.copy (1 thread)": gbps(1)}
-    if torch is not None:
-        result["torch copy_ (2 threads)"] = gbps(2)
-        fresh["torch clone (2 threads)"] = gbps(3)
-    return result, fresh
+    return {name: 2 * nbytes / median(v) / 1e9 for name, v in zip(calls, samples)}
 
 
 def large_section(args, torch):
@@ -309,17 +310,15 @@ def large_section(args, torch):
     threads = 2
     nbytes = shape[0] * shape[1] * shape[2] * shape[3] * 4
     log("copy bandwidth on %.0f MB ..." % (nbytes / 1e6))
-    copy, fresh = copy_bandwidth(torch, nbytes, args.large_repeats, args.retry)
+    into, into_fresh = copy_calls(torch, nbytes)
+    measured = copy_bandwidth(torch, {**into, **into_fresh}, nbytes, args.large_repeats, args.retry)
+    copy = {name: measured[name] for name in into}
+    fresh = {name: measured[name] for name in into_fresh}
     copy_name, copy_bw = max(copy.items(), key=lambda kv: kv[1])
     # Each cell is measured interleaved with the copies, and its fraction is
     # taken against the copy bandwidth of that same measurement: on a shared
     # machine the bandwidth two threads get moves between minutes.
-    src = np.random.default_rng(1).standard_normal(nbytes // 4, dtype=np.float32)
-    dst = np.empty_like(src)
-    copies = [lambda: np.copyto(dst, src)]
-    if torch is not None:
-        ts, td = torch.from_numpy(src), torch.from_numpy(dst)
-        copies.append(lambda: td.copy_(ts))
+    copies = list(into.values())
     rows = []
     for layout in bc.LAYOUTS:
         log("large tensor %s %s: inputs ..." % (bc.shape_str(shape), layout))
@@ -353,7 +352,7 @@ def large_section(args, torch):
                    "check": check, "load": load}
             row["cfbn_gbps"] = bc.gbps(op, d["x"].nbytes, row["cfbn"])
             row["cfbn_out_gbps"] = bc.gbps(op, d["x"].nbytes, row["cfbn_out"])
-            row["copy_gbps"] = max(2 * src.nbytes / median(samples[k]) / 1e9
+            row["copy_gbps"] = max(2 * nbytes / median(samples[k]) / 1e9
                                    for k in range(n_ops, len(fns)))
             row["fraction"] = row["cfbn_gbps"] / row["copy_gbps"]
             row["out_fraction"] = row["cfbn_out_gbps"] / row["copy_gbps"]
