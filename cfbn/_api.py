@@ -467,7 +467,9 @@ def runtime_info():
     -------
     dict
         ``version``, ``compiled_isas``, ``supported_isas``, ``selected_isa``,
-        ``openmp`` (bool) and ``max_threads`` (threads used when n_threads is None).
+        ``openmp`` (bool), ``max_threads`` (threads used when n_threads is None),
+        ``forked_child`` (True in the child of a ``fork()``, where every call
+        runs on one thread) and ``output_cache_limit``.
     """
     from . import __version__
     return {
@@ -477,6 +479,7 @@ def runtime_info():
         "selected_isa": _kernels.selected_isa(),
         "openmp": _kernels.openmp_enabled(),
         "max_threads": _kernels.max_threads(),
+        "forked_child": _kernels.forked_child(),
         "output_cache_limit": _kernels.output_cache_stats()["limit"],
     }
 

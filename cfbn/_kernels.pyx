@@ -71,6 +71,8 @@ cdef extern from "cfbn.h":
                         double count, void *dx) nogil
     int cfbn_openmp_enabled()
     int cfbn_openmp_max_threads()
+    int cfbn_threads_init()
+    int cfbn_forked_child()
 
 cdef extern from "out_cache.h":
     ctypedef struct cfbn_allocator:
@@ -137,8 +139,19 @@ def openmp_enabled():
 
 
 def max_threads():
-    """Threads a call uses when n_threads is None (OpenMP's default)."""
+    """Threads a call uses when n_threads is None (OpenMP's default, at most
+    1024; 1 in a forked child)."""
     return cfbn_openmp_max_threads()
+
+
+def forked_child():
+    """Whether this process is the child of a fork() made after import: its
+    calls then run on one thread (OpenMP's pool does not survive fork)."""
+    return bool(cfbn_forked_child())
+
+
+if cfbn_threads_init() != 0:
+    raise MemoryError("cfbn: could not register the fork handler")
 
 
 cdef inline void *_ptr(object a):

@@ -8,6 +8,8 @@
  */
 #define _POSIX_C_SOURCE 200112L   /* posix_memalign under -std=c11 */
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -106,10 +108,38 @@ static int stream_output(const cfbn_shape *s, int tensors, int64_t min_bytes)
     return s->outer * s->channels * s->inner * (int64_t)elem_size(s->dtype) * tensors >= min_bytes;
 }
 
+/* Set in the child of fork().  GNU libgomp's thread pool does not survive
+ * fork: the child has only the forking thread, and its first parallel region
+ * waits forever for the pool's other threads.  A forked child (a
+ * multiprocessing worker with the fork start method, a data-loader worker)
+ * therefore runs every pass on its one thread; the results are the same,
+ * since the thread count never changes what a piece contains. */
+static volatile sig_atomic_t forked_child;
+
+static void on_fork_child(void)
+{
+    forked_child = 1;
+}
+
+int cfbn_threads_init(void)
+{
+    static int registered;
+    if (registered) return 0;
+    if (pthread_atfork(NULL, NULL, on_fork_child) != 0) return -1;
+    registered = 1;
+    return 0;
+}
+
+int cfbn_forked_child(void)
+{
+    return forked_child != 0;
+}
+
 static int thread_count(const cfbn_shape *s)
 {
     int64_t total = s->outer * s->channels * s->inner;
-    return total < SERIAL_ELEMS ? 1 : s->n_threads;
+    if (total < SERIAL_ELEMS || forked_child) return 1;
+    return s->n_threads < CFBN_MAX_THREADS ? s->n_threads : CFBN_MAX_THREADS;
 }
 
 /* Run fn(ctx, t) for t in [0, tasks).  With one thread no parallel region
@@ -1110,7 +1140,9 @@ int cfbn_openmp_enabled(void)
 int cfbn_openmp_max_threads(void)
 {
 #ifdef _OPENMP
-    return omp_get_max_threads();
+    if (forked_child) return 1;
+    int n = omp_get_max_threads();
+    return n < CFBN_MAX_THREADS ? n : CFBN_MAX_THREADS;
 #else
     return 1;
 #endif

@@ -243,8 +243,14 @@ int cfbn_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, 
                     const void *scale, const double *mean, const double *variance, double epsilon,
                     const double *sum_dy, const double *sum_dy_xhat, double count, void *dx);
 
+/* Threads: n_threads and the default (OMP_NUM_THREADS or the core count)
+ * are capped at CFBN_MAX_THREADS; in the child of a fork() every call runs on
+ * one thread.  cfbn_threads_init registers the fork handler (once; 0 or -1). */
+#define CFBN_MAX_THREADS 1024
 int cfbn_openmp_enabled(void);
 int cfbn_openmp_max_threads(void);
+int cfbn_threads_init(void);
+int cfbn_forked_child(void);
 
 #ifdef __cplusplus
 }
