@@ -283,6 +283,10 @@ def _forward(x, scale, offset, mean, variance, epsilon, f, data_format, is_train
         mu = np.asarray(mean, dtype=np.float64).copy()
         var = np.asarray(variance, dtype=np.float64).copy()
         batch_mean, batch_variance = mu.copy(), var.copy()
+        if x.size == 0:
+            # TensorFlow: "If input is empty, return NaN mean/variance".
+            batch_mean[...] = np.nan
+            batch_variance[...] = np.nan
         reserve_1, reserve_2 = mu.copy(), var.copy()
 
     r = 1.0 / np.sqrt(var + epsilon)

@@ -788,14 +788,17 @@ static void set_apply_params(params *pp, int64_t c, double mean, double var, dou
 
 /* Gradient parameters of channel c: dx = dy*a + (x - mean)*b + c, where
  * count is the number of elements the statistics were taken over (the whole
- * batch, which for a synchronized batch norm is more than this tensor). */
+ * batch, which for a synchronized batch norm is more than this tensor).
+ * One element per channel in training: a = c = 0 (cfbn_grad_params in
+ * bn_math.h says why). */
 static void set_grad_params(params *pp, int64_t c, int training, double count, double gamma, double r,
                             double sum_dy, double sum_dy_xhat)
 {
-    params_set(pp, G_A, c, gamma * r);
+    int one = training && count == 1.0;
+    params_set(pp, G_A, c, one ? 0.0 : gamma * r);
     if (training && count > 0) {
         params_set(pp, G_B, c, -gamma * r * r * sum_dy_xhat / count);
-        params_set(pp, G_C, c, -gamma * r * sum_dy / count);
+        params_set(pp, G_C, c, one ? 0.0 : -gamma * r * sum_dy / count);
     } else {
         params_set(pp, G_B, c, 0.0);
         params_set(pp, G_C, c, 0.0);
@@ -928,11 +931,15 @@ int cfbn_forward_inference(const cfbn_kernels *k, const cfbn_shape *s,
 {
     int dt = s->dtype;
     int rc = apply_with_stats(k, s, x, scale, offset, mean, variance, dt, epsilon, y, fusion);
-    /* after the pass: an output may be the array mean or variance came in */
+    /* after the pass: an output may be the array mean or variance came in.
+     * An empty batch's batch_mean and batch_variance are NaN, as TensorFlow's
+     * kernel returns them; the reserve spaces keep mean and variance, which an
+     * inference-mode gradient takes back. */
+    int empty = s->outer * s->inner == 0;
     for (int64_t c = 0; rc == 0 && c < s->channels; c++) {
         double mu = vec_get(mean, dt, c), var = vec_get(variance, dt, c);
-        vec_set(batch_mean, dt, c, mu);
-        vec_set(batch_variance, dt, c, var);
+        vec_set(batch_mean, dt, c, empty ? NAN : mu);
+        vec_set(batch_variance, dt, c, empty ? NAN : var);
         vec_set(saved_mean, dt, c, mu);
         vec_set(saved_variance, dt, c, var);
     }

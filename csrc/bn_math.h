@@ -141,7 +141,11 @@ CFBN_INLINE double cfbn_rstd(double var, double epsilon)
 /* Gradient parameters of one channel from its sums: scale_backprop and the
  * a, b, c of cfbn_grad_dx.  An empty batch has zero sums but a NaN variance;
  * its scale_backprop is the empty sum 0, not 0 * NaN.  In inference b = c = 0
- * and dx = dy * a. */
+ * and dx = dy * a.  With one element per channel in training, n * dy and
+ * sum_dy are the same number, so a = c = 0 and dx = b * (x - mean): exactly 0
+ * when mean is that element (as TensorFlow gives), where a * dy + c would
+ * leave rounding noise of a few ulps of gamma * r * dy.  (A NaN or Inf in dy
+ * still reaches dx through 0 * dy.) */
 CFBN_INLINE void cfbn_grad_params(int training, long long n, double gamma, double r,
                                   double sum_dy, double sum_dy_xc, double *scale_bp,
                                   double *a, double *b, double *c)
@@ -153,6 +157,10 @@ CFBN_INLINE void cfbn_grad_params(int training, long long n, double gamma, doubl
         double dn = (double)n;
         *b = -gamma * r * r * sbp / dn;
         *c = -gamma * r * sum_dy / dn;
+        if (n == 1) {
+            *a = 0.0;
+            *c = 0.0;
+        }
     } else {
         *b = 0.0;
         *c = 0.0;

@@ -179,6 +179,8 @@ def emulate_forward(lib, x, v, *, epsilon, data_format, is_training, factor, act
         hi = mu.astype(comp).astype(np.float64)
         vec = np.stack([mu, var, mu, var, hi, (mu - hi).astype(comp), d(v["scale"]) * r,
                         d(v["offset"])])
+        if n == 0:
+            vec[:2] = np.nan      # cfbn._gpu's empty inference batch, as TensorFlow's
     params = np.ascontiguousarray(vec[4:], comp)
     y = np.empty_like(flat)
     args = (ctypes.c_longlong(channels), ctypes.c_longlong(max(inner, 1)), ctypes.c_int(layout))
