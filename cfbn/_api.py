@@ -46,6 +46,11 @@ def _mixed(name, what="x"):
 def _as_array(a, name):
     if type(a) is np.ndarray:
         return a
+    if isinstance(a, np.ma.MaskedArray):
+        # Its data without the mask would be a different batch than the one
+        # the caller means; masked batch norm is another operation.
+        raise TypeError("%s: expected an array without a mask, got a numpy.ma.MaskedArray; "
+                        "pass a.filled(...) or a.compressed() as meant" % name)
     if isinstance(a, np.ndarray):
         return a.view(np.ndarray)
     if _is_cupy(a):
@@ -117,14 +122,34 @@ def _check_vector(v, name, channels, dtype):
 
 
 def _real(value, name):
-    """A real number as a float; strings and other non-numbers are a TypeError
-    (float() would parse "1e-3", which no caller means)."""
-    if isinstance(value, (str, bytes, bool)):
-        raise TypeError("%s: expected a float, got %r" % (name, value))
+    """A real number as a float; strings, bools, complex numbers and other
+    non-numbers are a TypeError (float() would parse "1e-3", which no caller
+    means), a number beyond the float range a ValueError."""
+    if isinstance(value, (str, bytes, bool, np.bool_, complex, np.complexfloating)):
+        raise TypeError("%s: expected a real number, got %r" % (name, value))
     try:
         return float(value)
+    except OverflowError:
+        raise ValueError("%s: expected a value within the float range (|value| < 1.8e308), "
+                         "got %s" % (name, _short(value))) from None
     except (TypeError, ValueError):
-        raise TypeError("%s: expected a float, got %r" % (name, value)) from None
+        raise TypeError("%s: expected a real number, got %r" % (name, value)) from None
+
+
+def _short(value):
+    # repr() of a huge int has hundreds of digits; an error message needs few.
+    text = repr(value)
+    return text if len(text) <= 40 else "%s... (%d characters)" % (text[:20], len(text))
+
+
+def _flag(value, name):
+    """A bool (Python's or NumPy's) as a bool; anything else is a TypeError:
+    truthiness would read None as False and the string "False" as True."""
+    if value is True or value is False:
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise TypeError("%s: expected a bool, got %r" % (name, value))
 
 
 def _epsilon(epsilon):
@@ -149,6 +174,23 @@ def _check_stats_given(training, factor, mean, variance):
         raise ValueError("%s: required when %s" % (missing, why))
 
 
+def _optional_stats(training, factor, mean, variance):
+    """mean and variance, each None where it may be omitted (training with
+    exponential_avg_factor 1) and was omitted or given as a zero-length array,
+    as TensorFlow's and Keras' callers pass it."""
+    if training and factor == 1.0:
+        mean = None if _empty_vector(mean) else mean
+        variance = None if _empty_vector(variance) else variance
+    _check_stats_given(training, factor, mean, variance)
+    return mean, variance
+
+
+def _empty_vector(v):
+    if isinstance(v, (list, tuple)):
+        return len(v) == 0
+    return getattr(v, "shape", None) == (0,)
+
+
 def _activation(activation, alpha):
     """(activation code, alpha as a float) after checking both."""
     try:
@@ -163,10 +205,7 @@ def _activation(activation, alpha):
         return code, 0.0
     if alpha is None:
         return code, default
-    try:
-        a = float(alpha)
-    except (TypeError, ValueError):
-        raise TypeError("alpha: expected a float, got %r" % (alpha,)) from None
+    a = _real(alpha, "alpha")
     if not math.isfinite(a):
         raise ValueError("alpha: expected a finite value, got %r" % (alpha,))
     return code, a
@@ -220,18 +259,36 @@ def _threads(n_threads):
     return n
 
 
-def _outputs(out, fields, specs, inputs):
+# Outputs that may be the very memory of an input: updates the kernels make
+# in place because they read each element (or channel) of that input before
+# they write the output's.  Any other output that touches an input's memory,
+# even exactly, would be written before the input is read.
+FORWARD_IN_PLACE = frozenset([("y", "x"), ("y", "side_input"), ("batch_mean", "mean"),
+                              ("batch_variance", "variance")])
+GRAD_IN_PLACE = frozenset([("x_backprop", "y_backprop"), ("x_backprop", "x"),
+                           ("side_input_backprop", "y_backprop")])
+
+
+def _outputs(out, fields, specs, inputs, in_place=frozenset()):
     """Allocate or check the output arrays.
 
     `specs` gives (shape, dtype) per field.  A caller's array must be an
-    ndarray of exactly that shape and dtype, C-contiguous and writeable; it
-    may be one of the inputs (an in-place call) but must not partly overlap
-    an input or another output.
+    ndarray of exactly that shape and dtype, C-contiguous and writeable.  Its
+    memory must not meet an input's or another output's, except that a
+    (field, input name) pair of `in_place` may be the same memory, of the
+    same shape and dtype.
+
+    Returns (arrays, write_back): the arrays to hand the kernels, one per
+    field, and (caller's array, temporary) pairs to copy once the kernels
+    have run: an output that is not aligned to its dtype is computed in an
+    aligned temporary (the kernels store whole elements, and SIMD stores
+    would fault on such an address), as a misaligned input is read through
+    an aligned copy.
     """
     if out is None:
-        return [_kernels.empty_output(shape, dtype) for shape, dtype in specs]
+        return [_kernels.empty_output(shape, dtype) for shape, dtype in specs], ()
     given = _out_given(out, fields)
-    result = []
+    result, write_back = [], []
     for field, (shape, dtype), a in zip(fields, specs, given):
         if a is None:
             result.append(_kernels.empty_output(shape, dtype))
@@ -245,14 +302,46 @@ def _outputs(out, fields, specs, inputs):
         if not a.flags.writeable:
             raise ValueError("%s: array is read-only" % name)
         for iname, b in inputs:
-            if b is not None and _kernels.overlaps(a, b):
-                raise ValueError("%s: partly overlaps input %s; pass the same array for an "
-                                 "in-place call or a separate one" % (name, iname))
+            if b is not None:
+                _check_alias(name, field, a, iname, b, in_place,
+                             _kernels.touches(a, b), _kernels.overlaps(a, b))
         for prev_field, prev in zip(fields, result):
-            if np.may_share_memory(a, prev):
+            if _kernels.touches(a, prev):
                 raise ValueError("%s: shares memory with out[%r]" % (name, prev_field))
-        result.append(a)
-    return result
+        if not a.flags.aligned:
+            write_back.append((a, len(result)))
+            result.append(_kernels.empty_output(shape, dtype))
+        else:
+            result.append(a)
+    return result, [(a, result[i]) for a, i in write_back]
+
+
+def _check_alias(name, field, a, iname, b, in_place, touches, partial):
+    """The rule for output `a` against input `b`, given whether their memory
+    meets (touches) and whether it meets without being the same range."""
+    if not touches:
+        return
+    if partial:
+        raise ValueError("%s: partly overlaps input %s; pass the same array for an "
+                         "in-place call or a separate one" % (name, iname))
+    if (field, iname) in in_place and a.shape == b.shape and a.dtype == b.dtype:
+        return
+    allowed = sorted(i for f, i in in_place if f == field)
+    raise ValueError("%s: is the memory of input %s, which is read after this output is "
+                     "written; pass a separate array%s"
+                     % (name, iname, " (it may be %s itself)" % " or ".join(allowed)
+                        if allowed else ""))
+
+
+def _write_back(pairs):
+    """Copy outputs computed in temporaries into the caller's arrays."""
+    for dest, tmp in pairs:
+        np.copyto(dest, tmp)
+
+
+def _given_or(out, fields, arrays):
+    """The caller's out= arrays where given, else the ones allocated."""
+    return [g if g is not None else a for g, a in zip(_out_given(out, fields), arrays)]
 
 
 def _out_given(out, fields):
@@ -350,8 +439,8 @@ def fused_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4
     offset = _vector(offset, "offset", channels, vdt)
     eps = _epsilon(epsilon)
     factor = _factor(exponential_avg_factor)
-    training = bool(is_training)
-    _check_stats_given(training, factor, mean, variance)
+    training = _flag(is_training, "is_training")
+    mean, variance = _optional_stats(training, factor, mean, variance)
     if mean is not None:
         mean = _vector(mean, "mean", channels, vdt)
     if variance is not None:
@@ -361,11 +450,11 @@ def fused_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4
     fusion = (act, act_alpha, side, None, None) if act or side is not None else None
     nt = _threads(n_threads)
     vshape = (channels,)
-    y, bm, bv, rs1, rs2 = _outputs(
+    (y, bm, bv, rs1, rs2), write_back = _outputs(
         out, BatchNormOutput._fields,
         ((x.shape, x.dtype), (vshape, vdt), (vshape, vdt), (vshape, vdt), (vshape, vdt)),
         (("x", x), ("scale", scale), ("offset", offset), ("mean", mean), ("variance", variance),
-         ("side_input", side)))
+         ("side_input", side)), FORWARD_IN_PLACE)
     if training:
         _kernels.forward_training(dt, layout, outer, channels, inner, nt, x, scale, offset,
                                   mean if factor != 1.0 else None,
@@ -374,6 +463,9 @@ def fused_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4
     else:
         _kernels.forward_inference(dt, layout, outer, channels, inner, nt, x, scale, offset,
                                    mean, variance, eps, y, bm, bv, rs1, rs2, fusion)
+    if write_back:
+        _write_back(write_back)
+        y, bm, bv, rs1, rs2 = _given_or(out, BatchNormOutput._fields, (y, bm, bv, rs1, rs2))
     return BatchNormOutput(y, bm, bv, rs1, rs2)
 
 
@@ -438,6 +530,7 @@ def fused_batch_norm_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2
     mu = _vector(reserve_space_1, "reserve_space_1", channels, vdt)
     var = _vector(reserve_space_2, "reserve_space_2", channels, vdt)
     eps = _epsilon(epsilon)
+    training = _flag(is_training, "is_training")
     act, act_alpha = _activation(activation, alpha)
     _check_offset_given(act, offset)
     if offset is not None:
@@ -447,16 +540,19 @@ def fused_batch_norm_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2
     vshape = (channels,)
     result_type = BatchNormGradSide if side is not None else BatchNormGrad
     specs = ((x.shape, x.dtype), (vshape, vdt), (vshape, vdt), (x.shape, x.dtype))
-    outs = _outputs(
+    outs, write_back = _outputs(
         out, result_type._fields, specs[:len(result_type._fields)],
         (("y_backprop", dy), ("x", x), ("scale", scale), ("reserve_space_1", mu),
-         ("reserve_space_2", var), ("offset", offset), ("side_input", side)))
+         ("reserve_space_2", var), ("offset", offset), ("side_input", side)), GRAD_IN_PLACE)
     dx, dscale, doffset = outs[:3]
     fusion = None
     if act or side is not None:
         fusion = (act, act_alpha, side, offset, outs[3] if side is not None else None)
-    _kernels.backward(dt, layout, outer, channels, inner, nt, bool(is_training), dy, x, scale,
+    _kernels.backward(dt, layout, outer, channels, inner, nt, training, dy, x, scale,
                       mu, var, eps, dx, dscale, doffset, fusion)
+    if write_back:
+        _write_back(write_back)
+        outs = _given_or(out, result_type._fields, outs)
     return result_type(*outs)
 
 

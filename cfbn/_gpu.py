@@ -373,19 +373,21 @@ def _device_array(cupy, a, name, device):
     return cupy.ascontiguousarray(a)
 
 
-def _overlaps(a, b):
-    # Byte ranges of two contiguous arrays meet but are not the same range
-    # (the same range is an in-place call), as _kernels.overlaps on the CPU.
+def _touches(a, b):
+    # Byte ranges of two contiguous arrays meet, as _kernels.touches on the CPU.
     na, nb = a.nbytes, b.nbytes
     if na == 0 or nb == 0:
         return False
     pa, pb = a.data.ptr, b.data.ptr
-    if pa == pb and na == nb:
-        return False
     return pa < pb + nb and pb < pa + na
 
 
-def _outputs(cupy, out, fields, specs, inputs, device):
+def _overlaps(a, b):
+    # They meet but are not the same range, as _kernels.overlaps.
+    return _touches(a, b) and not (a.data.ptr == b.data.ptr and a.nbytes == b.nbytes)
+
+
+def _outputs(cupy, out, fields, specs, inputs, device, in_place):
     """Allocate or check the outputs, with the CPU path's rules (_api._outputs)."""
     if out is None:
         return [cupy.empty(shape, dtype) for shape, dtype in specs]
@@ -404,11 +406,11 @@ def _outputs(cupy, out, fields, specs, inputs, device):
                              % (name, a.device.id, device))
         _api._check_out_array(a, name, shape, dtype)
         for iname, b in inputs:
-            if b is not None and _overlaps(a, b):
-                raise ValueError("%s: partly overlaps input %s; pass the same array for an "
-                                 "in-place call or a separate one" % (name, iname))
+            if b is not None:
+                _api._check_alias(name, field, a, iname, b, in_place, _touches(a, b),
+                                  _overlaps(a, b))
         for prev_field, prev in zip(fields, result):
-            if _overlaps(a, prev) or (a.data.ptr == prev.data.ptr and a.nbytes > 0):
+            if _touches(a, prev):
                 raise ValueError("%s: shares memory with out[%r]" % (name, prev_field))
         result.append(a)
     return result
@@ -469,8 +471,8 @@ def _forward(cupy, x, scale, offset, mean, variance, epsilon, exponential_avg_fa
     _api._check_vector(offset, "offset", channels, vdt)
     eps = _api._epsilon(epsilon)
     factor = _api._factor(exponential_avg_factor)
-    training = bool(is_training)
-    _api._check_stats_given(training, factor, mean, variance)
+    training = _api._flag(is_training, "is_training")
+    mean, variance = _api._optional_stats(training, factor, mean, variance)
     if mean is not None:
         mean = _device_array(cupy, mean, "mean", device)
         _api._check_vector(mean, "mean", channels, vdt)
@@ -487,7 +489,7 @@ def _forward(cupy, x, scale, offset, mean, variance, epsilon, exponential_avg_fa
         cupy, out, _api.BatchNormOutput._fields,
         ((x.shape, x.dtype), (vshape, vdt), (vshape, vdt), (vshape, vdt), (vshape, vdt)),
         (("x", x), ("scale", scale), ("offset", offset), ("mean", mean),
-         ("variance", variance), ("side_input", side)), device)
+         ("variance", variance), ("side_input", side)), device, _api.FORWARD_IN_PLACE)
     params = cupy.empty((4, channels), vdt)
     mhi, mlo, alpha, beta = params
     if training:
@@ -502,6 +504,11 @@ def _forward(cupy, x, scale, offset, mean, variance, epsilon, exponential_avg_fa
     else:
         kernel("cfbn_infer_finalize_%s" % vsfx)(
             mean, variance, scale, offset, eps, bm, bv, rs1, rs2, mhi, mlo, alpha, beta)
+        if x.size == 0:
+            # As TensorFlow: an empty batch's statistics are NaN; the reserve
+            # spaces keep mean and variance for the gradient.
+            bm.fill(float("nan"))
+            bv.fill(float("nan"))
     if x.size and (act or side is not None):
         # y may be x or side (an in-place call): each element reads both
         # before it writes y.
@@ -542,6 +549,7 @@ def _backward(cupy, y_backprop, x, scale, reserve_space_1, reserve_space_2, epsi
     var = _device_array(cupy, reserve_space_2, "reserve_space_2", device)
     _api._check_vector(var, "reserve_space_2", channels, vdt)
     eps = _api._epsilon(epsilon)
+    training = _api._flag(is_training, "is_training")
     act, act_alpha = _api._activation(activation, alpha)
     _api._check_offset_given(act, offset)
     if offset is not None:
@@ -549,7 +557,6 @@ def _backward(cupy, y_backprop, x, scale, reserve_space_1, reserve_space_2, epsi
         _api._check_vector(offset, "offset", channels, vdt)
     side = _side_input(cupy, side_input, x, device) if side_input is not None else None
     _api._threads(n_threads)
-    training = bool(is_training)
     vshape = (channels,)
     lname = LAYOUT_NAMES[layout]
     vsfx = "f64" if sfx == "f64" else "f32"
@@ -558,7 +565,8 @@ def _backward(cupy, y_backprop, x, scale, reserve_space_1, reserve_space_2, epsi
     outs = _outputs(
         cupy, out, result_type._fields, specs[:len(result_type._fields)],
         (("y_backprop", dy), ("x", x), ("scale", scale), ("reserve_space_1", mu),
-         ("reserve_space_2", var), ("offset", offset), ("side_input", side)), device)
+         ("reserve_space_2", var), ("offset", offset), ("side_input", side)), device,
+        _api.GRAD_IN_PLACE)
     dx, dscale, doffset = outs[:3]
     flat_dy, flat_x = dy.reshape(-1), x.reshape(-1)
     if act:

@@ -586,24 +586,40 @@ cdef inline bint _touch(object a, object b, bint same_is_clash):
 
 def overlaps(a, b):
     """True when two C-contiguous arrays' byte ranges intersect but are not
-    the very same range (the same range is an in-place call)."""
+    the very same range (the same range may be an in-place call)."""
     return _touch(a, b, False)
 
 
-cdef bint _outputs_clash(tuple given, tuple inputs):
-    """An output partly overlapping an input, or two outputs sharing memory:
-    the general path explains which."""
+def touches(a, b):
+    """True when two C-contiguous arrays' byte ranges intersect at all."""
+    return _touch(a, b, True)
+
+
+cdef bint _outputs_clash(tuple given, tuple inputs, tuple in_place):
+    """An output touching an input's memory, unless it is exactly the input
+    bit in_place[i] allows (an in-place update, of the same shape and type
+    by the fast paths' checks), or two outputs sharing memory: the general
+    path explains which."""
     cdef Py_ssize_t i, j
+    cdef long allowed
     for i in range(len(given)):
         if given[i] is None:
             continue
-        for inp in inputs:
-            if _touch(given[i], inp, False):
+        allowed = in_place[i]
+        for j in range(len(inputs)):
+            if _touch(given[i], inputs[j], not ((allowed >> j) & 1)):
                 return True
         for j in range(i):
             if _touch(given[i], given[j], True):
                 return True
     return False
+
+
+# Per output, a bit per input that it may be exactly (cfbn._api's
+# FORWARD_IN_PLACE and GRAD_IN_PLACE): y = x, batch_mean = mean and
+# batch_variance = variance; x_backprop = y_backprop or x.
+cdef tuple _FORWARD_IN_PLACE = (1 << 0, 1 << 3, 1 << 4, 0, 0)
+cdef tuple _GRAD_IN_PLACE = ((1 << 0) | (1 << 1), 0, 0)
 
 
 def fast_forward(x, scale, offset, mean, variance, epsilon, exponential_avg_factor,
@@ -649,7 +665,8 @@ def fast_forward(x, scale, offset, mean, variance, epsilon, exponential_avg_fact
     for v in (bm, bv, sm, sv):
         if v is not None and not _plain_out_vec(v, channels, vtype):
             return None
-    if out is not None and _outputs_clash(given, (x, scale, offset, mean, variance)):
+    if out is not None and _outputs_clash(given, (x, scale, offset, mean, variance),
+                                          _FORWARD_IN_PLACE):
         return None
     if bm is None:
         bm = _empty_like_vec(channels, vtype)
@@ -708,7 +725,7 @@ def fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilo
         if v is not None and not _plain_out_vec(v, channels, vtype):
             return None
     if out is not None and _outputs_clash(
-            given, (y_backprop, x, scale, reserve_space_1, reserve_space_2)):
+            given, (y_backprop, x, scale, reserve_space_1, reserve_space_2), _GRAD_IN_PLACE):
         return None
     if dscale is None:
         dscale = _empty_like_vec(channels, vtype)

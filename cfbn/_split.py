@@ -13,8 +13,8 @@ from collections import namedtuple
 import numpy as np
 
 from . import _kernels
-from ._api import (_as_array, _check_out_array, _contiguous, _epsilon, _index, _is_cupy,
-                   _layout, _tensor, _threads, _vector)
+from ._api import (_as_array, _check_alias, _check_out_array, _contiguous, _epsilon, _index,
+                   _is_cupy, _layout, _short, _tensor, _threads, _vector)
 
 _F64 = np.dtype(np.float64)
 _STAT_DTYPES = (np.dtype(np.float32), _F64)
@@ -72,26 +72,40 @@ def _count(count, name):
     n = _index(count, name)
     if n < 0:
         raise ValueError("%s: expected a count >= 0, got %d" % (name, n))
+    if n >= 1 << 63:
+        raise ValueError("%s: expected a count below 2**63, got %s" % (name, _short(n)))
     return n
 
 
-def _result(out, x):
-    """The output array: a new one, or the caller's `out` after checking it."""
+def _result(out, x, inputs, in_place):
+    """The output array for the kernels and what to copy back afterwards.
+
+    A new array, or the caller's `out` after checking it against the inputs
+    (name, array) by cfbn._api's rules: it may be exactly the memory of an
+    input named in `in_place`, no other.  A caller's array that is not
+    aligned to its dtype is computed in an aligned temporary and copied in.
+    """
     if out is None:
-        return _kernels.empty_output(x.shape, x.dtype)
+        return _kernels.empty_output(x.shape, x.dtype), None
     if not isinstance(out, np.ndarray):
         raise TypeError("out: expected a numpy array, got %s" % type(out).__name__)
     _check_out_array(out, "out", x.shape, x.dtype)
     if not out.flags.writeable:
         raise ValueError("out: array is read-only")
-    return out
-
-
-def _check_overlap(out, inputs):
+    allowed = frozenset(("out", name) for name in in_place)
     for name, a in inputs:
-        if _kernels.overlaps(out, a):
-            raise ValueError("out: partly overlaps input %s; pass the same array for an "
-                             "in-place call or a separate one" % name)
+        _check_alias("out", "out", out, name, a, allowed, _kernels.touches(out, a),
+                     _kernels.overlaps(out, a))
+    if not out.flags.aligned:
+        return _kernels.empty_output(x.shape, x.dtype), out
+    return out, None
+
+
+def _finish(result, dest):
+    if dest is None:
+        return result
+    np.copyto(dest, result)
+    return dest
 
 
 def batch_norm_statistics(x, *, data_format="NHWC", n_threads=None):
@@ -256,11 +270,11 @@ def batch_norm_apply(x, mean, variance, scale, offset, *, epsilon=1e-4, data_for
     offset = _vector(offset, "offset", channels, vdt)
     eps = _epsilon(epsilon)
     nt = _threads(n_threads)
-    y = _result(out, x)
-    _check_overlap(y, (("x", x), ("scale", scale), ("offset", offset)))
+    y, dest = _result(out, x, (("x", x), ("scale", scale), ("offset", offset), ("mean", mean),
+                               ("variance", variance)), ("x",))
     _kernels.apply(dt, layout, outer, channels, inner, nt, x, scale, offset, mean, variance,
                    eps, y)
-    return y
+    return _finish(y, dest)
 
 
 def _grad_inputs(dy, x, mean, variance, epsilon, data_format, n_threads):
@@ -366,8 +380,9 @@ def batch_norm_grad_apply(dy, x, scale, mean, variance, sum_dy, sum_dy_xhat, cou
     if n < outer * inner:
         raise ValueError("count: expected the whole batch's elements per channel, at least "
                          "this x's %d, got %d" % (outer * inner, n))
-    dx = _result(out, x)
-    _check_overlap(dx, (("dy", dy), ("x", x), ("scale", scale)))
+    dx, dest = _result(out, x, (("dy", dy), ("x", x), ("scale", scale), ("mean", mean),
+                                ("variance", variance), ("sum_dy", sum_dy),
+                                ("sum_dy_xhat", sum_dy_xhat)), ("dy", "x"))
     _kernels.grad_apply(dt, layout, outer, channels, inner, nt, dy, x, scale, mean, variance,
                         eps, sum_dy, sum_dy_xhat, float(n), dx)
-    return dx
+    return _finish(dx, dest)

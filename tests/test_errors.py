@@ -380,3 +380,182 @@ def test_float16_outputs_have_float32_vectors():
     assert res.y.dtype == np.float16 and all(v.dtype == np.float32 for v in res[1:])
     expect_error(TypeError, ["batch_mean", "out"], cfbn.fused_batch_norm, **a,
                  out={"batch_mean": np.zeros(5, np.float16)})
+
+
+# ---- outputs that are the memory of an input they may not replace ----
+
+def test_output_vector_aliasing_the_tensor_through_a_reshape_is_rejected(isa):
+    """x of shape (1, C) and x.reshape(C) are the same bytes: writing a
+    statistic there before x is read would corrupt y and dx."""
+    rng = np.random.default_rng(seed_of("alias-reshape"))
+    x = rng.standard_normal((1, 5)).astype(F32)
+    s, o = _vec(5), _vec(5)
+    for field in ("batch_mean", "batch_variance", "reserve_space_1", "reserve_space_2"):
+        expect_error(ValueError, [field], cfbn.fused_batch_norm, x=x, scale=s, offset=o,
+                     data_format="NC", out={field: x.reshape(5)})
+    f = cfbn.fused_batch_norm(x, s, o, data_format="NC")
+    dy = rng.standard_normal((1, 5)).astype(F32)
+    for field, target in (("scale_backprop", dy), ("offset_backprop", x)):
+        expect_error(ValueError, [field], cfbn.fused_batch_norm_grad, y_backprop=dy, x=x,
+                     scale=s, reserve_space_1=f.reserve_space_1,
+                     reserve_space_2=f.reserve_space_2, data_format="NC",
+                     out={field: target.reshape(5)})
+    # a vector output in the memory of another per-channel input
+    expect_error(ValueError, ["batch_mean", "scale"], cfbn.fused_batch_norm, x=x, scale=s,
+                 offset=o, data_format="NC", out={"batch_mean": s})
+    mean = _vec(5)
+    expect_error(ValueError, ["reserve_space_1", "mean"], cfbn.fused_batch_norm, x=x, scale=s,
+                 offset=o, mean=mean, variance=_vec(5), exponential_avg_factor=0.5,
+                 data_format="NC", out={"reserve_space_1": mean})
+
+
+def test_tensor_output_aliasing_a_vector_is_rejected(isa):
+    x = np.random.default_rng(1).standard_normal((1, 5)).astype(F32)
+    s, o = _vec(5), _vec(5)
+    expect_error(ValueError, ["y", "scale"], cfbn.fused_batch_norm, x=x, scale=s, offset=o,
+                 data_format="NC", out={"y": s.reshape(1, 5)})
+    st = cfbn.batch_norm_statistics(x, data_format="NC")
+    mean = st.mean.copy()
+    x64 = x.astype(np.float64)
+    expect_error(ValueError, ["out", "mean"], cfbn.batch_norm_apply, x=x64, mean=mean,
+                 variance=st.variance(), scale=mean * 0 + 1, offset=mean * 0,
+                 data_format="NC", out=mean.reshape(1, 5))
+
+
+def test_documented_in_place_updates_stay_allowed_through_views(isa):
+    """The same memory under another array object is still an in-place call
+    where the kernels read before they write."""
+    a = forward_args()
+    m0, v0 = a["mean"].copy(), a["variance"].copy()
+    res = cfbn.fused_batch_norm(**a, exponential_avg_factor=0.25,
+                                out={"batch_mean": a["mean"][:], "batch_variance": a["variance"][:]})
+    check_forward(res, a["x"], a["scale"], a["offset"], m0, v0, epsilon=1e-4,
+                  data_format="NHWC", is_training=True, exponential_avg_factor=0.25)
+
+
+# ---- numbers and flags ----
+
+HUGE = [10 ** 400, -(2 ** 1100)]
+
+
+@pytest.mark.parametrize("value", HUGE, ids=["1e400", "-2^1100"])
+@pytest.mark.parametrize("name", ["epsilon", "exponential_avg_factor", "alpha"])
+def test_numbers_beyond_the_float_range(name, value):
+    kw = dict(forward_args())
+    if name == "alpha":
+        kw["activation"] = "leaky_relu"
+    kw[name] = value
+    expect_error(ValueError, [name], cfbn.fused_batch_norm, **kw)
+
+
+@pytest.mark.parametrize("value", HUGE, ids=["1e400", "-2^1100"])
+def test_count_beyond_the_float_range(value):
+    x = forward_args()["x"]
+    dy = np.ones_like(x)
+    st = cfbn.batch_norm_statistics(x)
+    gs = cfbn.batch_norm_grad_statistics(dy, x, st.mean, st.variance())
+    with pytest.raises(ValueError, match="count"):
+        cfbn.batch_norm_grad_apply(dy, x, _vec(5), st.mean, st.variance(), gs.sum_dy,
+                                   gs.sum_dy_xhat, abs(value))
+    with pytest.raises(ValueError, match="count"):
+        cfbn.merge_statistics(st, cfbn.BatchNormStatistics(abs(value), st.mean, st.m2))
+
+
+@pytest.mark.parametrize("alpha", ["0.1", True, np.bool_(True), 0.1j, None, [0.1]],
+                         ids=["str", "bool", "np.bool", "complex", "None-ok", "list"])
+def test_alpha_is_a_real_number(alpha):
+    kw = dict(forward_args(), activation="leaky_relu", alpha=alpha)
+    if alpha is None:
+        cfbn.fused_batch_norm(**kw)
+        return
+    expect_error(TypeError, ["alpha"], cfbn.fused_batch_norm, **kw)
+
+
+def test_alpha_accepts_numpy_reals():
+    kw = dict(forward_args(), activation="leaky_relu")
+    want = cfbn.fused_batch_norm(**kw, alpha=0.25).y
+    for a in (np.float32(0.25), np.float64(0.25), np.int64(0) + 0.25):
+        np.testing.assert_array_equal(cfbn.fused_batch_norm(**kw, alpha=a).y, want)
+
+
+@pytest.mark.parametrize("flag", [None, "False", "", 0, 1, 1.0, [True]],
+                         ids=["None", "str-False", "empty", "0", "1", "1.0", "list"])
+def test_is_training_is_a_bool(flag):
+    a = forward_args()
+    expect_error(TypeError, ["is_training"], cfbn.fused_batch_norm, **a, is_training=flag)
+    g = grad_args()
+    expect_error(TypeError, ["is_training"], cfbn.fused_batch_norm_grad, **g, is_training=flag)
+    kw = dict(a, activation="relu")
+    expect_error(TypeError, ["is_training"], cfbn.fused_batch_norm, **kw, is_training=flag)
+
+
+def test_is_training_accepts_numpy_bools():
+    a = forward_args()
+    for flag in (True, False):
+        want = cfbn.fused_batch_norm(**a, is_training=flag)
+        got = cfbn.fused_batch_norm(**a, is_training=np.bool_(flag))
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(w, g)
+        gw = cfbn.fused_batch_norm_grad(**grad_args(), is_training=flag)
+        gg = cfbn.fused_batch_norm_grad(**grad_args(), is_training=np.bool_(flag))
+        for w, g in zip(gw, gg):
+            np.testing.assert_array_equal(w, g)
+
+
+# ---- masked arrays ----
+
+@pytest.mark.parametrize("name", ["x", "scale", "offset", "mean", "variance"])
+def test_masked_arrays_are_refused(name):
+    a = forward_args()
+    a[name] = np.ma.masked_array(a[name], mask=np.zeros(a[name].shape, bool))
+    expect_error(TypeError, [name], cfbn.fused_batch_norm, **a, exponential_avg_factor=0.5)
+
+
+@pytest.mark.parametrize("name", ["y_backprop", "x", "scale", "reserve_space_1"])
+def test_masked_arrays_are_refused_by_the_gradient(name):
+    g = grad_args()
+    g[name] = np.ma.masked_array(g[name], mask=np.zeros(g[name].shape, bool))
+    expect_error(TypeError, [name], cfbn.fused_batch_norm_grad, **g)
+
+
+def test_masked_arrays_are_refused_by_the_split_functions():
+    x = np.ma.masked_array(forward_args()["x"])
+    with pytest.raises(TypeError, match="x"):
+        cfbn.batch_norm_statistics(x)
+
+
+# ---- fold_batch_norm ----
+
+def test_fold_validates_like_the_kernels():
+    w = np.ones((5, 3), F32)
+    vecs = [_vec(5) for _ in range(4)]
+    with pytest.raises(TypeError, match="out_axis"):
+        cfbn.fold_batch_norm(w, None, *vecs, 1e-3, out_axis=0.9)
+    with pytest.raises(TypeError, match="out_axis"):
+        cfbn.fold_batch_norm(w, None, *vecs, 1e-3, out_axis=True)
+    with pytest.raises(TypeError, match="epsilon"):
+        cfbn.fold_batch_norm(w, None, *vecs, "1e-3")
+    with pytest.raises(ValueError, match="epsilon"):
+        cfbn.fold_batch_norm(w, None, *vecs, -1e-3)
+    with pytest.raises(TypeError, match="weight"):
+        cfbn.fold_batch_norm(w + 1j, None, *vecs, 1e-3)
+    with pytest.raises(TypeError, match="weight"):
+        cfbn.fold_batch_norm(np.ma.masked_array(w), None, *vecs, 1e-3)
+    with pytest.raises(TypeError, match="scale"):
+        cfbn.fold_batch_norm(w, None, vecs[0] + 1j, *vecs[1:], 1e-3)
+
+
+# ---- the thread cap ----
+
+def test_omp_num_threads_above_the_cap():
+    """The default thread count obeys n_threads' documented cap of 1024."""
+    import os
+    import subprocess
+    import sys
+    code = ("import cfbn, numpy as np; i = cfbn.runtime_info(); "
+            "x = np.ones((64, 64, 4, 4), np.float32); s = np.ones(4, np.float32); "
+            "cfbn.fused_batch_norm(x, s, s); print(i['max_threads'] if i['openmp'] else 1024)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="5000"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-1] == "1024"
