@@ -17,7 +17,8 @@ pytorch       the new batch (factor = m)           Bessel-corrected, n/(n-1)
 """
 import numpy as np
 
-from ._api import ACTIVATIONS, DTYPES, LAYOUTS, fused_batch_norm, fused_batch_norm_grad
+from ._api import (DTYPES, _activation, _data_format, _dtype_kinds, _epsilon, _index, _real,
+                   fused_batch_norm, fused_batch_norm_grad)
 from .reference import channel_axis, reduce_axes
 
 __all__ = ["BatchNorm", "CONVENTIONS", "exponential_avg_factor", "momentum_from_factor",
@@ -35,6 +36,35 @@ def _convention(name, what="convention"):
                          % (what, ", ".join(CONVENTIONS), name)) from None
 
 
+def _momentum(momentum):
+    m = _real(momentum, "momentum")
+    if not 0.0 <= m <= 1.0:
+        raise ValueError("momentum: expected a value in [0, 1], got %r" % (momentum,))
+    return m
+
+
+def _layer_dtype(dtype):
+    # np.dtype(None) is float64: a None here is a mistake, not a request for float64.
+    expected = "dtype: expected float32, float64 or float16, got %r" % (dtype,)
+    if dtype is None:
+        raise TypeError(expected)
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise TypeError(expected) from None
+    _dtype_kinds(dt, "dtype")
+    return dt
+
+
+def _flag(value, name):
+    """A Python or NumPy bool as a bool; anything else (1, "yes", None) is a TypeError."""
+    if value is True or value is False:
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise TypeError("%s: expected a bool, got %r" % (name, value))
+
+
 def exponential_avg_factor(momentum, convention="tensorflow"):
     """The fused op's ``exponential_avg_factor`` for a framework's ``momentum``.
 
@@ -42,9 +72,7 @@ def exponential_avg_factor(momentum, convention="tensorflow"):
     a factor of 0.01); PyTorch weighs the new batch by it (0.1 means 0.1).
     """
     new_weight, _ = _convention(convention)
-    m = float(momentum)
-    if not 0.0 <= m <= 1.0:
-        raise ValueError("momentum: expected a value in [0, 1], got %r" % (momentum,))
+    m = _momentum(momentum)
     return m if new_weight else 1.0 - m
 
 
@@ -81,7 +109,7 @@ def convert_moving_variance(variance, count, source, target):
     _, bessel_from = _convention(source, "source")
     _, bessel_to = _convention(target, "target")
     v = np.asarray(variance)
-    n = int(count)
+    n = _index(count, "count")
     if n < 1:
         raise ValueError("count: expected at least 1, got %r" % (count,))
     ratio = n / (n - 1) if n > 1 else 1.0
@@ -98,10 +126,10 @@ class BatchNorm:
     Parameters
     ----------
     num_features : int
-        Channels C.
+        Channels C, at least 1.
     data_format : {"NHWC", "NCHW", "NDHWC", "NCDHW", "NC"}
     epsilon : float
-        Added to the variance before the square root.
+        Added to the variance before the square root; finite, >= 0.
     momentum : float
         Weight of the old running value (Keras/TensorFlow meaning):
         ``moving = momentum * moving + (1 - momentum) * batch``, with the
@@ -113,8 +141,16 @@ class BatchNorm:
         Dtype of the inputs: float32, float64 or float16 (whose parameters
         are float32).
 
+    Every argument is checked here, with an error naming it.
+
     Attributes
     ----------
+    num_features, data_format, dtype
+        As constructed; read-only, since the parameters' shape and dtype
+        depend on them.
+    epsilon, momentum, activation
+        As constructed; assigning them checks the new value as the
+        constructor does.
     scale, offset, moving_mean, moving_variance : ndarray
         Length-C parameters (ones, zeros) and running statistics (zeros,
         ones); updated in place, so references to them stay valid.
@@ -124,6 +160,7 @@ class BatchNorm:
         The side input's gradient, when the last forward had a side input.
     training : bool
         The mode `forward` uses when not told; see `train` and `eval`.
+        Only a bool (or NumPy bool) can be assigned.
 
     Notes
     -----
@@ -136,28 +173,18 @@ class BatchNorm:
 
     def __init__(self, num_features, *, data_format="NHWC", epsilon=1e-3, momentum=0.99,
                  activation=None, dtype=np.float32):
-        c = int(num_features)
+        c = _index(num_features, "num_features")
         if c < 1:
-            raise ValueError("num_features: expected at least 1, got %r" % (num_features,))
-        if data_format not in LAYOUTS:
-            raise ValueError("data_format: expected one of %s, got %r"
-                             % (", ".join(LAYOUTS), data_format))
-        if activation not in ACTIVATIONS:
-            raise ValueError("activation: expected one of %s, got %r"
-                             % (", ".join(repr(k) for k in ACTIVATIONS), activation))
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in DTYPES:
-            raise TypeError("dtype: expected float32, float64 or float16, got %s" % self.dtype)
-        m = float(momentum)
-        if not 0.0 <= m <= 1.0:
-            raise ValueError("momentum: expected a value in [0, 1], got %r" % (momentum,))
-        vdt = DTYPES[self.dtype][1]
-        self.num_features = c
-        self.data_format = data_format
-        self.epsilon = float(epsilon)
-        self.momentum = m
+            raise ValueError("num_features: expected at least 1, got %d" % c)
+        _data_format(data_format)
+        self._dtype = _layer_dtype(dtype)
+        self._num_features = c
+        self._data_format = data_format
+        self.epsilon = epsilon
+        self.momentum = momentum
         self.activation = activation
-        self.training = True
+        self._training = True
+        vdt = DTYPES[self._dtype][1]
         self.scale = np.ones(c, vdt)
         self.offset = np.zeros(c, vdt)
         self.moving_mean = np.zeros(c, vdt)
@@ -170,9 +197,64 @@ class BatchNorm:
         self._buffers = {}          # shape -> (y, dx, side_grad)
         self._last = None           # (x, side_input, training) of the last forward
 
+    # The per-call paths read the private attributes, already checked, so that a
+    # training step pays for no property lookups.
+    num_features = property(lambda self: self._num_features, doc="Channels C (read-only).")
+    data_format = property(lambda self: self._data_format, doc="The layout (read-only).")
+    dtype = property(lambda self: self._dtype, doc="Dtype of the inputs (read-only).")
+
+    @property
+    def epsilon(self):
+        """Added to the variance before the square root (a float >= 0)."""
+        return self._epsilon
+
+    @epsilon.setter
+    def epsilon(self, value):
+        self._epsilon = _epsilon(value)
+
+    @property
+    def momentum(self):
+        """Weight of the old running value, in [0, 1]."""
+        return self._momentum
+
+    @momentum.setter
+    def momentum(self, value):
+        self._momentum = m = _momentum(value)
+        self._factor = 1.0 - m
+
+    @property
+    def activation(self):
+        """The fused activation's name, or None."""
+        return self._activation
+
+    @activation.setter
+    def activation(self, value):
+        _activation(value, None)
+        self._activation = value
+
+    @property
+    def training(self):
+        """The mode `forward` uses when not told (a bool)."""
+        return self._training
+
+    @training.setter
+    def training(self, value):
+        self._training = _flag(value, "training")
+
     def train(self, mode=True):
-        """Use batch statistics (and update the running ones) by default; returns self."""
-        self.training = bool(mode)
+        """Use batch statistics (and update the running ones) by default.
+
+        Parameters
+        ----------
+        mode : bool
+            True for training, False for inference (as `eval`).
+
+        Returns
+        -------
+        BatchNorm
+            self.
+        """
+        self._training = _flag(mode, "mode")
         return self
 
     def eval(self):
@@ -182,7 +264,7 @@ class BatchNorm:
     def _bufs(self, shape):
         b = self._buffers.get(shape)
         if b is None:
-            b = tuple(np.empty(shape, self.dtype) for _ in range(3))
+            b = tuple(np.empty(shape, self._dtype) for _ in range(3))
             self._buffers[shape] = b
         return b
 
@@ -204,13 +286,13 @@ class BatchNorm:
         ndarray
             y, in a buffer the layer reuses for this shape.
         """
-        training = self.training if training is None else bool(training)
+        training = self._training if training is None else bool(training)
         y, _, _ = self._bufs(np.shape(x))
         out = (y, self.moving_mean, self.moving_variance, self._saved_mean, self._saved_variance)
         fused_batch_norm(x, self.scale, self.offset, self.moving_mean, self.moving_variance,
-                         epsilon=self.epsilon, exponential_avg_factor=1.0 - self.momentum,
-                         data_format=self.data_format, is_training=training, out=out,
-                         activation=self.activation, side_input=side_input)
+                         epsilon=self._epsilon, exponential_avg_factor=self._factor,
+                         data_format=self._data_format, is_training=training, out=out,
+                         activation=self._activation, side_input=side_input)
         self._last = (x, side_input, training)
         return y
 
@@ -227,9 +309,9 @@ class BatchNorm:
         if side is not None:
             out.append(sg)
         fused_batch_norm_grad(dy, x, self.scale, self._saved_mean, self._saved_variance,
-                              epsilon=self.epsilon, data_format=self.data_format,
+                              epsilon=self._epsilon, data_format=self._data_format,
                               is_training=training, out=out, offset=self.offset,
-                              activation=self.activation, side_input=side)
+                              activation=self._activation, side_input=side)
         self.side_input_grad = sg if side is not None else None
         return dx
 
@@ -237,10 +319,10 @@ class BatchNorm:
         """Elements per channel of `x` (the n of the Bessel factor)."""
         shape = np.shape(x)
         n = 1
-        for a in reduce_axes(self.data_format, len(shape)):
+        for a in reduce_axes(self._data_format, len(shape)):
             n *= shape[a]
         return n
 
     def channel_axis(self, ndim):
         """The channel axis of a tensor of `ndim` dimensions in this layer's layout."""
-        return channel_axis(self.data_format, ndim)
+        return channel_axis(self._data_format, ndim)

@@ -201,3 +201,79 @@ def test_float16_parameters_are_float32():
     assert bn.scale.dtype == np.float32
     y = bn(np.arange(12, dtype=np.float16).reshape(4, 3))
     assert y.dtype == np.float16
+
+
+# --- constructor arguments ----------------------------------------------------------------
+
+@pytest.mark.parametrize("value,exc", [(3.7, TypeError), (3.0, TypeError), (True, TypeError),
+                                       (np.bool_(True), TypeError), ("3", TypeError),
+                                       (None, TypeError), (0, ValueError), (-2, ValueError)])
+def test_num_features_is_a_positive_int(value, exc):
+    with pytest.raises(exc, match="num_features"):
+        cfbn.BatchNorm(value)
+
+
+def test_num_features_accepts_integer_types():
+    assert cfbn.BatchNorm(np.int64(3)).scale.shape == (3,)
+    assert type(cfbn.BatchNorm(np.int32(2)).num_features) is int
+
+
+@pytest.mark.parametrize("kwargs,exc,word", [
+    (dict(epsilon=-1e-3), ValueError, "epsilon"),
+    (dict(epsilon=float("nan")), ValueError, "epsilon"),
+    (dict(epsilon=float("inf")), ValueError, "epsilon"),
+    (dict(epsilon="1e-3"), TypeError, "epsilon"),
+    (dict(epsilon=None), TypeError, "epsilon"),
+    (dict(momentum=1.5), ValueError, "momentum"),
+    (dict(momentum=-0.1), ValueError, "momentum"),
+    (dict(momentum=float("nan")), ValueError, "momentum"),
+    (dict(momentum="0.9"), TypeError, "momentum"),
+    (dict(momentum=True), TypeError, "momentum"),
+    (dict(data_format=["NHWC"]), ValueError, "data_format"),
+    (dict(data_format="nhwc"), ValueError, "data_format"),
+    (dict(activation=["relu"]), ValueError, "activation"),
+    (dict(activation="gelu"), ValueError, "activation"),
+    (dict(dtype="float8"), TypeError, "dtype"),
+    (dict(dtype=None), TypeError, "dtype"),
+    (dict(dtype=np.dtype(">f4")), TypeError, "dtype"),
+    (dict(dtype=np.int32), TypeError, "dtype"),
+])
+def test_constructor_checks_every_argument(kwargs, exc, word):
+    with pytest.raises(exc, match=word):
+        cfbn.BatchNorm(4, **kwargs)
+
+
+def test_settings_are_checked_when_set():
+    bn = cfbn.BatchNorm(4, epsilon=1e-5, momentum=0.9)
+    assert type(bn.epsilon) is float and bn.epsilon == 1e-5 and bn.momentum == 0.9
+    for name, value, exc in [("epsilon", -1.0, ValueError), ("momentum", 2.0, ValueError),
+                             ("momentum", "0.5", TypeError), ("activation", "gelu", ValueError),
+                             ("training", "yes", TypeError)]:
+        with pytest.raises(exc, match=name):
+            setattr(bn, name, value)
+    assert bn.epsilon == 1e-5 and bn.momentum == 0.9 and bn.activation is None and bn.training
+    # the settings that fix the parameters' shape and dtype cannot change
+    for name, value in [("num_features", 8), ("data_format", "NCHW"), ("dtype", np.float64)]:
+        with pytest.raises(AttributeError):
+            setattr(bn, name, value)
+    bn.momentum = 0.5
+    bn.epsilon = 0.0
+    bn.activation = "relu"
+    x = _batches((2, 3, 3, 4), 1, seed=7)[0]
+    y = bn(x).copy()
+    f = cfbn.fused_batch_norm(x, bn.scale, bn.offset, np.zeros(4, np.float32),
+                              np.ones(4, np.float32), epsilon=0.0, exponential_avg_factor=0.5,
+                              activation="relu")
+    np.testing.assert_array_equal(y, f.y)
+    np.testing.assert_array_equal(bn.moving_mean, f.batch_mean)
+
+
+def test_convention_helpers_check_their_arguments():
+    with pytest.raises(TypeError, match="momentum"):
+        L.exponential_avg_factor("0.9")
+    with pytest.raises(ValueError, match="momentum"):
+        L.exponential_avg_factor(float("nan"))
+    with pytest.raises(TypeError, match="count"):
+        L.convert_moving_variance([1.0], 3.7, "pytorch", "keras")
+    with pytest.raises(ValueError, match="convention"):
+        L.exponential_avg_factor(0.9, ["pytorch"])
