@@ -17,8 +17,8 @@ pytorch       the new batch (factor = m)           Bessel-corrected, n/(n-1)
 """
 import numpy as np
 
-from ._api import (DTYPES, _activation, _data_format, _dtype_kinds, _epsilon, _index, _real,
-                   fused_batch_norm, fused_batch_norm_grad)
+from ._api import (DTYPES, _activation, _as_array, _data_format, _dtype_kinds, _epsilon, _index,
+                   _is_cupy, _layout, _real, fused_batch_norm, fused_batch_norm_grad)
 from .reference import channel_axis, reduce_axes
 
 __all__ = ["BatchNorm", "CONVENTIONS", "exponential_avg_factor", "momentum_from_factor",
@@ -63,6 +63,17 @@ def _flag(value, name):
     if isinstance(value, np.bool_):
         return bool(value)
     raise TypeError("%s: expected a bool, got %r" % (name, value))
+
+
+def _input(a, name):
+    if _is_cupy(a):
+        raise TypeError("%s: got a CuPy array; BatchNorm keeps its parameters and buffers in "
+                        "host memory, so it takes NumPy arrays" % name)
+    return _as_array(a, name)
+
+
+def _wrong_dtype(a, name, dtype):
+    return TypeError("%s: expected the layer's dtype %s, got %s" % (name, dtype, a.dtype))
 
 
 def exponential_avg_factor(momentum, convention="tensorflow"):
@@ -261,9 +272,19 @@ class BatchNorm:
         """Use the running statistics by default; returns self."""
         return self.train(False)
 
-    def _bufs(self, shape):
+    def _check_shape(self, x):
+        _, _, channels, _ = _layout(self._data_format, x)
+        if channels != self._num_features:
+            raise ValueError("x: expected %d channels (num_features) on axis %d for data_format "
+                             "%r, got shape %s" % (self._num_features,
+                                                   self.channel_axis(x.ndim), self._data_format,
+                                                   x.shape))
+
+    def _bufs(self, x):
+        shape = x.shape
         b = self._buffers.get(shape)
         if b is None:
+            self._check_shape(x)
             b = tuple(np.empty(shape, self._dtype) for _ in range(3))
             self._buffers[shape] = b
         return b
@@ -274,7 +295,8 @@ class BatchNorm:
         Parameters
         ----------
         x : ndarray
-            Input of the layer's dtype, laid out as its data_format.
+            Input of the layer's dtype, laid out as its data_format, with
+            num_features channels.
         training : bool, optional
             Batch statistics and a running-statistics update (True) or the
             running statistics (False); None uses the layer's mode.
@@ -286,8 +308,15 @@ class BatchNorm:
         ndarray
             y, in a buffer the layer reuses for this shape.
         """
-        training = self._training if training is None else bool(training)
-        y, _, _ = self._bufs(np.shape(x))
+        if type(x) is not np.ndarray:
+            x = _input(x, "x")
+        if x.dtype is not self._dtype and x.dtype != self._dtype:
+            raise _wrong_dtype(x, "x", self._dtype)
+        if training is None:
+            training = self._training
+        elif training is not True and training is not False:
+            training = _flag(training, "training")
+        y, _, _ = self._bufs(x)
         out = (y, self.moving_mean, self.moving_variance, self._saved_mean, self._saved_variance)
         fused_batch_norm(x, self.scale, self.offset, self.moving_mean, self.moving_variance,
                          epsilon=self._epsilon, exponential_avg_factor=self._factor,
@@ -304,7 +333,14 @@ class BatchNorm:
         if self._last is None:
             raise RuntimeError("backward: call forward first")
         x, side, training = self._last
-        _, dx, sg = self._bufs(np.shape(x))
+        if type(dy) is not np.ndarray:
+            dy = _input(dy, "dy")
+        if dy.dtype is not self._dtype and dy.dtype != self._dtype:
+            raise _wrong_dtype(dy, "dy", self._dtype)
+        if dy.shape != x.shape:
+            raise ValueError("dy: expected the shape of the forward's x, %s, got %s"
+                             % (x.shape, dy.shape))
+        _, dx, sg = self._bufs(x)
         out = [dx, self.scale_grad, self.offset_grad]
         if side is not None:
             out.append(sg)

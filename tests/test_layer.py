@@ -277,3 +277,53 @@ def test_convention_helpers_check_their_arguments():
         L.convert_moving_variance([1.0], 3.7, "pytorch", "keras")
     with pytest.raises(ValueError, match="convention"):
         L.exponential_avg_factor(0.9, ["pytorch"])
+
+
+# --- inputs of forward and backward -------------------------------------------------------
+
+def test_input_of_another_dtype_names_x_and_the_dtype():
+    bn = cfbn.BatchNorm(4)
+    x = np.zeros((2, 3, 3, 4))
+    with pytest.raises(TypeError, match=r"^x: .*float32.*float64"):
+        bn(x)
+    with pytest.raises(TypeError, match=r"^x: .*float16"):
+        cfbn.BatchNorm(4, dtype=np.float16).forward(x.astype(np.float32))
+    bn(x.astype(np.float32))
+    with pytest.raises(TypeError, match=r"^dy: .*float32.*float64"):
+        bn.backward(x)
+    with pytest.raises(TypeError, match=r"^x: expected an array"):
+        bn("abc")
+
+
+def test_input_of_another_shape_names_x():
+    bn = cfbn.BatchNorm(4)
+    with pytest.raises(ValueError, match=r"^x: .*4-D"):
+        bn(np.zeros((3, 4), np.float32))
+    with pytest.raises(ValueError, match=r"^x: .*4 channels"):
+        bn(np.zeros((2, 3, 3, 5), np.float32))
+    with pytest.raises(ValueError, match=r"^x: .*4 channels"):
+        cfbn.BatchNorm(4, data_format="NCHW")(np.zeros((2, 3, 3, 4), np.float32))
+    bn(np.zeros((2, 3, 3, 4), np.float32))
+    with pytest.raises(ValueError, match=r"^dy: .*\(2, 3, 3, 4\)"):
+        bn.backward(np.zeros((2, 3, 4, 4), np.float32))
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", None, 1.0])
+def test_mode_flags_are_bools(value):
+    bn = cfbn.BatchNorm(4)
+    x = np.zeros((2, 3, 3, 4), np.float32)
+    with pytest.raises(TypeError, match="mode"):
+        bn.train(value)
+    if value is not None:      # None is forward's "the layer's mode"
+        with pytest.raises(TypeError, match="training"):
+            bn.forward(x, training=value)
+    assert bn.training is True
+    bn.train(np.bool_(False))
+    assert bn.training is False
+    bn.forward(x, training=np.bool_(True))
+    assert bn.moving_variance[0] != 1.0    # a training call updated the running variance
+
+
+def test_backward_before_forward():
+    with pytest.raises(RuntimeError, match="forward"):
+        cfbn.BatchNorm(4).backward(np.zeros((1, 1, 1, 4), np.float32))
