@@ -168,18 +168,31 @@ class BatchNorm:
     scale_grad, offset_grad : ndarray
         Gradients of the last `backward` call.
     side_input_grad : ndarray or None
-        The side input's gradient, when the last forward had a side input.
+        The side input's gradient, when the forward the last `backward`
+        differentiated had a side input.
     training : bool
         The mode `forward` uses when not told; see `train` and `eval`.
         Only a bool (or NumPy bool) can be assigned.
 
     Notes
     -----
+    `backward` differentiates the last `forward`, with one exception: an
+    inference call (``training=False``, or the layer in `eval` mode) made
+    after a training forward and before that forward's `backward`, such as
+    a validation pass in the middle of a step, leaves the training step's
+    state alone, and `backward` still differentiates the training forward.
+    Once that backward has run, the next inference call is the one
+    `backward` differentiates (frozen statistics, as when fine-tuning with
+    the layer in eval mode).  `backward` reads the x (and side input) of
+    the forward it differentiates, which must not be modified in between.
+
     After the first call for a given input shape a training step allocates
-    no arrays: `forward` returns y in a buffer the layer reuses (copy it to
-    keep it past the next step), and `backward` returns dx the same way.
-    `backward` reads the x (and side input) of the last `forward`, which
-    must not be modified in between.
+    no arrays.  `forward` returns y in a buffer the layer reuses for the
+    next forward of the same shape and mode (training and inference calls
+    have a buffer each, so a validation call leaves the training y alone),
+    and `backward` returns dx (and side_input_grad) in buffers reused by
+    the next backward of that shape: copy a result to keep it past the next
+    such call.
     """
 
     def __init__(self, num_features, *, data_format="NHWC", epsilon=1e-3, momentum=0.99,
@@ -203,10 +216,17 @@ class BatchNorm:
         self.scale_grad = np.zeros(c, vdt)
         self.offset_grad = np.zeros(c, vdt)
         self.side_input_grad = None
-        self._saved_mean = np.zeros(c, vdt)
-        self._saved_variance = np.zeros(c, vdt)
-        self._buffers = {}          # shape -> (y, dx, side_grad)
-        self._last = None           # (x, side_input, training) of the last forward
+        # The reserve spaces of the last training forward and of the last inference
+        # call apart, so that a validation call cannot clobber a pending backward's.
+        self._batch_mean = np.zeros(c, vdt)
+        self._batch_variance = np.zeros(c, vdt)
+        self._eval_mean = np.zeros(c, vdt)
+        self._eval_variance = np.zeros(c, vdt)
+        # shape -> [training y, inference y, dx, side input grad], each made when first needed
+        self._buffers = {}
+        # (x, side_input, training, mean, variance, buffers) of the forward backward uses
+        self._grad_state = None
+        self._step_open = False     # a training forward awaits its backward
 
     # The per-call paths read the private attributes, already checked, so that a
     # training step pays for no property lookups.
@@ -285,8 +305,7 @@ class BatchNorm:
         b = self._buffers.get(shape)
         if b is None:
             self._check_shape(x)
-            b = tuple(np.empty(shape, self._dtype) for _ in range(3))
-            self._buffers[shape] = b
+            b = self._buffers[shape] = [None, None, None, None]
         return b
 
     def forward(self, x, training=None, side_input=None):
@@ -306,7 +325,16 @@ class BatchNorm:
         Returns
         -------
         ndarray
-            y, in a buffer the layer reuses for this shape.
+            y, in a buffer the layer reuses for the next forward of this
+            shape and mode.
+
+        Raises
+        ------
+        TypeError
+            x is not an array of the layer's dtype, or training is not a bool.
+        ValueError
+            x's rank or channel count does not fit data_format and
+            num_features.
         """
         if type(x) is not np.ndarray:
             x = _input(x, "x")
@@ -316,23 +344,57 @@ class BatchNorm:
             training = self._training
         elif training is not True and training is not False:
             training = _flag(training, "training")
-        y, _, _ = self._bufs(x)
-        out = (y, self.moving_mean, self.moving_variance, self._saved_mean, self._saved_variance)
+        bufs = self._bufs(x)
+        if training:
+            y = bufs[0]
+            mean, variance = self._batch_mean, self._batch_variance
+        else:
+            y = bufs[1]
+            mean, variance = self._eval_mean, self._eval_variance
+        if y is None:
+            y = bufs[0 if training else 1] = np.empty(x.shape, self._dtype)
+        out = (y, self.moving_mean, self.moving_variance, mean, variance)
         fused_batch_norm(x, self.scale, self.offset, self.moving_mean, self.moving_variance,
                          epsilon=self._epsilon, exponential_avg_factor=self._factor,
                          data_format=self._data_format, is_training=training, out=out,
                          activation=self._activation, side_input=side_input)
-        self._last = (x, side_input, training)
+        if training:
+            self._grad_state = (x, side_input, True, mean, variance, bufs)
+            self._step_open = True
+        elif not self._step_open:
+            self._grad_state = (x, side_input, False, mean, variance, bufs)
         return y
 
     __call__ = forward
 
     def backward(self, dy):
-        """Gradient of the last `forward`: returns dx, stores scale_grad and offset_grad
-        (and side_input_grad when that forward had a side input)."""
-        if self._last is None:
-            raise RuntimeError("backward: call forward first")
-        x, side, training = self._last
+        """Gradient of the forward call described in the class Notes (the last
+        one, or the training forward a validation call came after).
+
+        Parameters
+        ----------
+        dy : ndarray
+            Gradient of the loss with respect to that forward's y: its
+            shape, the layer's dtype.
+
+        Returns
+        -------
+        ndarray
+            dx, in a buffer the layer reuses for the next backward of this
+            shape.  scale_grad and offset_grad are set (and side_input_grad
+            when that forward had a side input).
+
+        Raises
+        ------
+        RuntimeError
+            No forward call to differentiate.
+        TypeError, ValueError
+            dy is not an array of the layer's dtype and the forward's shape.
+        """
+        state = self._grad_state
+        if state is None:
+            raise RuntimeError("backward: no forward call to differentiate; call forward first")
+        x, side, training, mean, variance, bufs = state
         if type(dy) is not np.ndarray:
             dy = _input(dy, "dy")
         if dy.dtype is not self._dtype and dy.dtype != self._dtype:
@@ -340,15 +402,23 @@ class BatchNorm:
         if dy.shape != x.shape:
             raise ValueError("dy: expected the shape of the forward's x, %s, got %s"
                              % (x.shape, dy.shape))
-        _, dx, sg = self._bufs(x)
-        out = [dx, self.scale_grad, self.offset_grad]
-        if side is not None:
-            out.append(sg)
-        fused_batch_norm_grad(dy, x, self.scale, self._saved_mean, self._saved_variance,
+        dx = bufs[2]
+        if dx is None:
+            dx = bufs[2] = np.empty(x.shape, self._dtype)
+        if side is None:
+            sg = None
+            out = (dx, self.scale_grad, self.offset_grad)
+        else:
+            sg = bufs[3]
+            if sg is None:
+                sg = bufs[3] = np.empty(x.shape, self._dtype)
+            out = (dx, self.scale_grad, self.offset_grad, sg)
+        fused_batch_norm_grad(dy, x, self.scale, mean, variance,
                               epsilon=self._epsilon, data_format=self._data_format,
                               is_training=training, out=out, offset=self.offset,
                               activation=self._activation, side_input=side)
-        self.side_input_grad = sg if side is not None else None
+        self._step_open = False
+        self.side_input_grad = sg
         return dx
 
     def batch_count(self, x):

@@ -327,3 +327,71 @@ def test_mode_flags_are_bools(value):
 def test_backward_before_forward():
     with pytest.raises(RuntimeError, match="forward"):
         cfbn.BatchNorm(4).backward(np.zeros((1, 1, 1, 4), np.float32))
+
+
+# --- an inference call between a training forward and its backward ------------------------
+
+def _reference_step(bn, x, dy, side=None):
+    """The functional forward and gradient of a training step of `bn` (a fresh copy)."""
+    f = cfbn.fused_batch_norm(x, bn.scale, bn.offset, epsilon=bn.epsilon,
+                              data_format=bn.data_format, activation=bn.activation,
+                              side_input=side)
+    g = cfbn.fused_batch_norm_grad(dy, x, bn.scale, f.reserve_space_1, f.reserve_space_2,
+                                   epsilon=bn.epsilon, data_format=bn.data_format,
+                                   offset=bn.offset, activation=bn.activation, side_input=side)
+    return f, g
+
+
+@pytest.mark.parametrize("side", [False, True])
+@pytest.mark.parametrize("how", ["training=False", "eval()"])
+def test_inference_call_between_forward_and_backward(side, how):
+    rng = np.random.default_rng(8)
+    shape = (4, 3, 3, 6)
+    x = rng.standard_normal(shape).astype(np.float32) * 2 + 1
+    dy = rng.standard_normal(shape).astype(np.float32)
+    s = rng.standard_normal(shape).astype(np.float32) if side else None
+    bn = cfbn.BatchNorm(6, activation="relu")
+    bn.scale[:] = rng.uniform(0.5, 2, 6)
+    bn.offset[:] = rng.standard_normal(6)
+    f, g = _reference_step(bn, x, dy, s)
+    y = bn.forward(x, side_input=s)
+    y_copy = y.copy()
+    # validation batches, of the same shape and of another, in the middle of the step
+    for v in (rng.standard_normal(shape), rng.standard_normal((2, 3, 3, 6))):
+        v = v.astype(np.float32)
+        if how == "eval()":
+            bn.eval()
+            yv = bn(v)
+            bn.train()
+        else:
+            yv = bn.forward(v, training=False)
+        assert yv is not y
+        np.testing.assert_array_equal(yv, cfbn.fused_batch_norm(
+            v, bn.scale, bn.offset, bn.moving_mean, bn.moving_variance, epsilon=bn.epsilon,
+            is_training=False, activation="relu").y)
+    np.testing.assert_array_equal(y, y_copy)      # the training y is the caller's still
+    dx = bn.backward(dy)
+    np.testing.assert_array_equal(dx, g.x_backprop)
+    np.testing.assert_array_equal(bn.scale_grad, g.scale_backprop)
+    np.testing.assert_array_equal(bn.offset_grad, g.offset_backprop)
+    if side:
+        np.testing.assert_array_equal(bn.side_input_grad, g.side_input_backprop)
+    # the step is done: the next inference call is what backward differentiates (frozen
+    # statistics, as when fine-tuning with the layer in eval mode)
+    bn.eval()
+    v = rng.standard_normal((2, 3, 3, 6)).astype(np.float32)
+    bn(v)
+    dv = rng.standard_normal(v.shape).astype(np.float32)
+    gi = cfbn.fused_batch_norm_grad(dv, v, bn.scale, bn.moving_mean, bn.moving_variance,
+                                    epsilon=bn.epsilon, is_training=False, offset=bn.offset,
+                                    activation="relu")
+    np.testing.assert_array_equal(bn.backward(dv), gi.x_backprop)
+
+
+def test_a_pending_backward_needs_the_training_shape():
+    bn = cfbn.BatchNorm(4)
+    bn(np.ones((2, 3, 3, 4), np.float32))
+    bn(np.ones((5, 3, 3, 4), np.float32), training=False)
+    # dy of the validation batch is not taken for the pending training step's
+    with pytest.raises(ValueError, match=r"^dy: .*\(2, 3, 3, 4\)"):
+        bn.backward(np.ones((5, 3, 3, 4), np.float32))
