@@ -151,14 +151,19 @@ class BatchNorm:
     dtype : numpy dtype
         Dtype of the inputs: float32, float64 or float16 (whose parameters
         are float32).
+    buffer_shapes : int
+        How many input shapes keep their output buffers, the most recently
+        used ones (the default 4 covers a training shape, a last partial
+        batch and a validation shape or two); 0 makes every call return new
+        arrays.
 
     Every argument is checked here, with an error naming it.
 
     Attributes
     ----------
-    num_features, data_format, dtype
-        As constructed; read-only, since the parameters' shape and dtype
-        depend on them.
+    num_features, data_format, dtype, buffer_shapes
+        As constructed; read-only (the parameters' shape and dtype depend on
+        the first three).
     epsilon, momentum, activation
         As constructed; assigning them checks the new value as the
         constructor does.
@@ -192,16 +197,24 @@ class BatchNorm:
     have a buffer each, so a validation call leaves the training y alone),
     and `backward` returns dx (and side_input_grad) in buffers reused by
     the next backward of that shape: copy a result to keep it past the next
-    such call.
+    such call.  The buffers of at most `buffer_shapes` shapes are kept, the
+    least recently used dropped first (those of the forward a pending
+    backward differentiates stay until it has run), and `release_buffers`
+    drops them all.  A dropped array is never written again: one a caller
+    still holds keeps its values.
     """
 
     def __init__(self, num_features, *, data_format="NHWC", epsilon=1e-3, momentum=0.99,
-                 activation=None, dtype=np.float32):
+                 activation=None, dtype=np.float32, buffer_shapes=4):
         c = _index(num_features, "num_features")
         if c < 1:
             raise ValueError("num_features: expected at least 1, got %d" % c)
         _data_format(data_format)
         self._dtype = _layer_dtype(dtype)
+        n = _index(buffer_shapes, "buffer_shapes")
+        if n < 0:
+            raise ValueError("buffer_shapes: expected 0 or more, got %d" % n)
+        self._buffer_shapes = n
         self._num_features = c
         self._data_format = data_format
         self.epsilon = epsilon
@@ -222,8 +235,12 @@ class BatchNorm:
         self._batch_variance = np.zeros(c, vdt)
         self._eval_mean = np.zeros(c, vdt)
         self._eval_variance = np.zeros(c, vdt)
-        # shape -> [training y, inference y, dx, side input grad], each made when first needed
+        # shape -> [training y, inference y, dx, side input grad], each made when first
+        # needed; in least recently used order, and the most recent one also apart, so that
+        # a loop over one shape finds it with one comparison.
         self._buffers = {}
+        self._recent_shape = None
+        self._recent = None
         # (x, side_input, training, mean, variance, buffers) of the forward backward uses
         self._grad_state = None
         self._step_open = False     # a training forward awaits its backward
@@ -233,6 +250,8 @@ class BatchNorm:
     num_features = property(lambda self: self._num_features, doc="Channels C (read-only).")
     data_format = property(lambda self: self._data_format, doc="The layout (read-only).")
     dtype = property(lambda self: self._dtype, doc="Dtype of the inputs (read-only).")
+    buffer_shapes = property(lambda self: self._buffer_shapes,
+                             doc="How many input shapes keep their buffers (read-only).")
 
     @property
     def epsilon(self):
@@ -301,12 +320,35 @@ class BatchNorm:
                                                    x.shape))
 
     def _bufs(self, x):
+        """The buffer set of x's shape (not the most recent one), made most recent."""
         shape = x.shape
-        b = self._buffers.get(shape)
-        if b is None:
+        sets = self._buffers
+        bufs = sets.pop(shape, None)
+        if bufs is None:
             self._check_shape(x)
-            b = self._buffers[shape] = [None, None, None, None]
-        return b
+            bufs = [None, None, None, None]
+            if not self._buffer_shapes:
+                return bufs
+            if len(sets) >= self._buffer_shapes:
+                # Dropped, never recycled: a caller may still hold these arrays.
+                del sets[next(iter(sets))]
+        sets[shape] = bufs
+        self._recent_shape, self._recent = shape, bufs
+        return bufs
+
+    def release_buffers(self):
+        """Drop the output buffers and what the layer keeps for `backward`.
+
+        Frees the per-shape y, dx and side-input-gradient buffers and the
+        references to the last forward's x and side input; arrays a caller
+        holds stay valid, and the layer never writes them again.  The next
+        call allocates afresh; `backward` needs a `forward` first.
+        """
+        self._buffers = {}
+        self._recent_shape = self._recent = None
+        self._grad_state = None
+        self._step_open = False
+        self.side_input_grad = None
 
     def forward(self, x, training=None, side_input=None):
         """Normalize `x` (and apply the side input and activation).
@@ -344,7 +386,8 @@ class BatchNorm:
             training = self._training
         elif training is not True and training is not False:
             training = _flag(training, "training")
-        bufs = self._bufs(x)
+        shape = x.shape
+        bufs = self._recent if shape == self._recent_shape else self._bufs(x)
         if training:
             y = bufs[0]
             mean, variance = self._batch_mean, self._batch_variance
@@ -352,7 +395,7 @@ class BatchNorm:
             y = bufs[1]
             mean, variance = self._eval_mean, self._eval_variance
         if y is None:
-            y = bufs[0 if training else 1] = np.empty(x.shape, self._dtype)
+            y = bufs[0 if training else 1] = np.empty(shape, self._dtype)
         out = (y, self.moving_mean, self.moving_variance, mean, variance)
         fused_batch_norm(x, self.scale, self.offset, self.moving_mean, self.moving_variance,
                          epsilon=self._epsilon, exponential_avg_factor=self._factor,
@@ -404,14 +447,18 @@ class BatchNorm:
                              % (x.shape, dy.shape))
         dx = bufs[2]
         if dx is None:
-            dx = bufs[2] = np.empty(x.shape, self._dtype)
+            dx = np.empty(x.shape, self._dtype)
+            if self._buffer_shapes:
+                bufs[2] = dx
         if side is None:
             sg = None
             out = (dx, self.scale_grad, self.offset_grad)
         else:
             sg = bufs[3]
             if sg is None:
-                sg = bufs[3] = np.empty(x.shape, self._dtype)
+                sg = np.empty(x.shape, self._dtype)
+                if self._buffer_shapes:
+                    bufs[3] = sg
             out = (dx, self.scale_grad, self.offset_grad, sg)
         fused_batch_norm_grad(dy, x, self.scale, mean, variance,
                               epsilon=self._epsilon, data_format=self._data_format,

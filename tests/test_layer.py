@@ -2,6 +2,7 @@
 statistics in each framework's convention, and no allocations per step."""
 import gc
 import tracemalloc
+import weakref
 
 import numpy as np
 import pytest
@@ -395,3 +396,89 @@ def test_a_pending_backward_needs_the_training_shape():
     # dy of the validation batch is not taken for the pending training step's
     with pytest.raises(ValueError, match=r"^dy: .*\(2, 3, 3, 4\)"):
         bn.backward(np.ones((5, 3, 3, 4), np.float32))
+
+
+# --- the per-shape buffers ------------------------------------------------------------------
+
+def test_buffers_kept_for_a_few_shapes_only():
+    bn = cfbn.BatchNorm(3, data_format="NC")
+    refs = []
+    for n in range(2, 202):
+        x = np.ones((n, 3), np.float32)
+        y = bn(x)
+        bn.backward(x)
+        refs.append((weakref.ref(y), weakref.ref(bn.backward(x))))
+        del y
+    gc.collect()
+    alive = sum(r() is not None for pair in refs for r in pair)
+    assert 0 < alive <= 2 * 4, alive
+    assert refs[-1][0]() is not None          # the most recent shape keeps its buffers
+
+
+def test_buffers_are_reused_per_shape_and_mode():
+    bn = cfbn.BatchNorm(3, data_format="NC")
+    a, b = np.ones((4, 3), np.float32), np.ones((5, 3), np.float32)
+    ya, dxa = bn(a), bn.backward(a)
+    assert bn(b) is not ya
+    assert bn(a) is ya and bn.backward(a) is dxa
+    ye = bn(a, training=False)
+    assert ye is not ya and bn(a, training=False) is ye
+
+
+def test_evicted_buffers_are_left_to_their_holders():
+    rng = np.random.default_rng(9)
+    bn = cfbn.BatchNorm(3, data_format="NC", buffer_shapes=2)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    y = bn(x)
+    kept = y.copy()
+    bn.backward(x)
+    for n in (5, 6, 7):           # push (4, 3) out of the cache
+        bn(np.ones((n, 3), np.float32))
+    y2 = bn(x * 3)
+    assert y2 is not y
+    np.testing.assert_array_equal(y, kept)
+
+
+def test_pending_backward_survives_eviction():
+    rng = np.random.default_rng(10)
+    bn = cfbn.BatchNorm(3, data_format="NC", buffer_shapes=1)
+    x = rng.standard_normal((6, 3)).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    _, g = _reference_step(bn, x, dy)
+    bn(x)
+    for n in (5, 7, 9):
+        bn(rng.standard_normal((n, 3)).astype(np.float32), training=False)
+    np.testing.assert_array_equal(bn.backward(dy), g.x_backprop)
+
+
+def test_buffer_shapes_zero_returns_new_arrays():
+    bn = cfbn.BatchNorm(3, data_format="NC", buffer_shapes=0)
+    x = np.ones((4, 3), np.float32)
+    y1, y2 = bn(x), bn(x)
+    assert y1 is not y2
+    dx1 = bn.backward(x)
+    assert bn.backward(x) is not dx1
+    for value, exc in [(-1, ValueError), (2.0, TypeError), (True, TypeError)]:
+        with pytest.raises(exc, match="buffer_shapes"):
+            cfbn.BatchNorm(3, buffer_shapes=value)
+
+
+def test_release_buffers():
+    bn = cfbn.BatchNorm(3, data_format="NC")
+    y = bn(np.ones((5, 3), np.float32))
+    y_copy = y.copy()
+    x = np.ones((4, 3), np.float32)
+    s = np.ones((4, 3), np.float32)
+    refs = [weakref.ref(bn(x, side_input=s)), weakref.ref(bn.backward(x)),
+            weakref.ref(bn.side_input_grad), weakref.ref(x), weakref.ref(s)]
+    bn.release_buffers()
+    del x, s
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)
+    assert bn.side_input_grad is None
+    np.testing.assert_array_equal(y, y_copy)
+    with pytest.raises(RuntimeError, match="forward"):
+        bn.backward(np.ones((4, 3), np.float32))
+    y2 = bn(np.ones((5, 3), np.float32))          # the layer works on
+    assert y2 is not y
+    bn.backward(y2.copy())
