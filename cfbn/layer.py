@@ -198,10 +198,10 @@ class BatchNorm:
     and `backward` returns dx (and side_input_grad) in buffers reused by
     the next backward of that shape: copy a result to keep it past the next
     such call.  The buffers of at most `buffer_shapes` shapes are kept, the
-    least recently used dropped first (those of the forward a pending
-    backward differentiates stay until it has run), and `release_buffers`
-    drops them all.  A dropped array is never written again: one a caller
-    still holds keeps its values.
+    least recently used dropped first, and `release_buffers` drops them
+    all.  A dropped array is never written again: one a caller still holds
+    keeps its values (a pending backward whose shape was dropped returns
+    dx in a new array).
     """
 
     def __init__(self, num_features, *, data_format="NHWC", epsilon=1e-3, momentum=0.99,
@@ -330,11 +330,18 @@ class BatchNorm:
             if not self._buffer_shapes:
                 return bufs
             if len(sets) >= self._buffer_shapes:
-                # Dropped, never recycled: a caller may still hold these arrays.
-                del sets[next(iter(sets))]
+                self._drop(next(iter(sets)))
         sets[shape] = bufs
         self._recent_shape, self._recent = shape, bufs
         return bufs
+
+    def _drop(self, shape):
+        # Dropped, never recycled nor written again: a caller may still hold these arrays.
+        # A pending backward of that shape gets a set of its own for its dx.
+        dropped = self._buffers.pop(shape)
+        state = self._grad_state
+        if state is not None and state[5] is dropped:
+            self._grad_state = state[:5] + ([None, None, None, None],)
 
     def release_buffers(self):
         """Drop the output buffers and what the layer keeps for `backward`.

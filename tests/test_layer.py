@@ -445,10 +445,16 @@ def test_pending_backward_survives_eviction():
     x = rng.standard_normal((6, 3)).astype(np.float32)
     dy = rng.standard_normal(x.shape).astype(np.float32)
     _, g = _reference_step(bn, x, dy)
+    bn(x * 2)
+    dx_before = bn.backward(dy)                   # a dx buffer of this shape, still held
+    kept = dx_before.copy()
     bn(x)
     for n in (5, 7, 9):
         bn(rng.standard_normal((n, 3)).astype(np.float32), training=False)
-    np.testing.assert_array_equal(bn.backward(dy), g.x_backprop)
+    dx = bn.backward(dy)
+    np.testing.assert_array_equal(dx, g.x_backprop)
+    assert dx is not dx_before                    # (6, 3)'s dropped dx is the caller's
+    np.testing.assert_array_equal(dx_before, kept)
 
 
 def test_buffer_shapes_zero_returns_new_arrays():
