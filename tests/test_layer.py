@@ -389,6 +389,25 @@ def test_inference_call_between_forward_and_backward(side, how):
     np.testing.assert_array_equal(bn.backward(dv), gi.x_backprop)
 
 
+def test_validation_pass_through_a_stack_of_layers():
+    # bn2's pending x is bn1's training y: a validation pass through bn1 must not write it
+    rng = np.random.default_rng(11)
+    shape = (4, 3, 3, 5)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    bn1, bn2 = cfbn.BatchNorm(5), cfbn.BatchNorm(5, activation="relu")
+    bn2.offset[:] = 0.3
+    f1, _ = _reference_step(bn1, x, dy)
+    f2, g2 = _reference_step(bn2, f1.y, dy)
+    g1 = cfbn.fused_batch_norm_grad(g2.x_backprop, x, bn1.scale, f1.reserve_space_1,
+                                    f1.reserve_space_2, epsilon=bn1.epsilon)
+    bn2(bn1(x))
+    v = rng.standard_normal(shape).astype(np.float32)
+    bn2(bn1(v, training=False), training=False)
+    np.testing.assert_array_equal(bn1.backward(bn2.backward(dy)), g1.x_backprop)
+    np.testing.assert_array_equal(bn2.scale_grad, g2.scale_backprop)
+
+
 def test_a_pending_backward_needs_the_training_shape():
     bn = cfbn.BatchNorm(4)
     bn(np.ones((2, 3, 3, 4), np.float32))
