@@ -85,13 +85,18 @@ def _dtype_kinds(dtype, name):
     return kinds
 
 
-def _layout(data_format, x):
-    """Returns (layout code, outer, channels, inner) for x under data_format."""
+def _data_format(data_format):
+    """(rank, channels first?) of a data_format name, or ValueError."""
     try:
-        rank, first = LAYOUTS[data_format]
+        return LAYOUTS[data_format]
     except (KeyError, TypeError):
         raise ValueError("data_format: expected one of %s, got %r"
                          % (", ".join(LAYOUTS), data_format)) from None
+
+
+def _layout(data_format, x):
+    """Returns (layout code, outer, channels, inner) for x under data_format."""
+    rank, first = _data_format(data_format)
     shape = x.shape
     if len(shape) != rank:
         raise ValueError("x: data_format %r needs a %d-D tensor, got shape %s"

@@ -2,6 +2,7 @@
 statistics in each framework's convention, and no allocations per step."""
 import gc
 import tracemalloc
+import weakref
 
 import numpy as np
 import pytest
@@ -201,3 +202,308 @@ def test_float16_parameters_are_float32():
     assert bn.scale.dtype == np.float32
     y = bn(np.arange(12, dtype=np.float16).reshape(4, 3))
     assert y.dtype == np.float16
+
+
+# --- constructor arguments ----------------------------------------------------------------
+
+@pytest.mark.parametrize("value,exc", [(3.7, TypeError), (3.0, TypeError), (True, TypeError),
+                                       (np.bool_(True), TypeError), ("3", TypeError),
+                                       (None, TypeError), (0, ValueError), (-2, ValueError)])
+def test_num_features_is_a_positive_int(value, exc):
+    with pytest.raises(exc, match="num_features"):
+        cfbn.BatchNorm(value)
+
+
+def test_num_features_accepts_integer_types():
+    assert cfbn.BatchNorm(np.int64(3)).scale.shape == (3,)
+    assert type(cfbn.BatchNorm(np.int32(2)).num_features) is int
+
+
+@pytest.mark.parametrize("kwargs,exc,word", [
+    (dict(epsilon=-1e-3), ValueError, "epsilon"),
+    (dict(epsilon=float("nan")), ValueError, "epsilon"),
+    (dict(epsilon=float("inf")), ValueError, "epsilon"),
+    (dict(epsilon="1e-3"), TypeError, "epsilon"),
+    (dict(epsilon=None), TypeError, "epsilon"),
+    (dict(momentum=1.5), ValueError, "momentum"),
+    (dict(momentum=-0.1), ValueError, "momentum"),
+    (dict(momentum=float("nan")), ValueError, "momentum"),
+    (dict(momentum="0.9"), TypeError, "momentum"),
+    (dict(momentum=True), TypeError, "momentum"),
+    (dict(data_format=["NHWC"]), ValueError, "data_format"),
+    (dict(data_format="nhwc"), ValueError, "data_format"),
+    (dict(activation=["relu"]), ValueError, "activation"),
+    (dict(activation="gelu"), ValueError, "activation"),
+    (dict(dtype="float8"), TypeError, "dtype"),
+    (dict(dtype=None), TypeError, "dtype"),
+    (dict(dtype=np.dtype(">f4")), TypeError, "dtype"),
+    (dict(dtype=np.int32), TypeError, "dtype"),
+])
+def test_constructor_checks_every_argument(kwargs, exc, word):
+    with pytest.raises(exc, match=word):
+        cfbn.BatchNorm(4, **kwargs)
+
+
+def test_settings_are_checked_when_set():
+    bn = cfbn.BatchNorm(4, epsilon=1e-5, momentum=0.9)
+    assert type(bn.epsilon) is float and bn.epsilon == 1e-5 and bn.momentum == 0.9
+    for name, value, exc in [("epsilon", -1.0, ValueError), ("momentum", 2.0, ValueError),
+                             ("momentum", "0.5", TypeError), ("activation", "gelu", ValueError),
+                             ("training", "yes", TypeError)]:
+        with pytest.raises(exc, match=name):
+            setattr(bn, name, value)
+    assert bn.epsilon == 1e-5 and bn.momentum == 0.9 and bn.activation is None and bn.training
+    # the settings that fix the parameters' shape and dtype cannot change
+    for name, value in [("num_features", 8), ("data_format", "NCHW"), ("dtype", np.float64)]:
+        with pytest.raises(AttributeError):
+            setattr(bn, name, value)
+    bn.momentum = 0.5
+    bn.epsilon = 0.0
+    bn.activation = "relu"
+    x = _batches((2, 3, 3, 4), 1, seed=7)[0]
+    y = bn(x).copy()
+    f = cfbn.fused_batch_norm(x, bn.scale, bn.offset, np.zeros(4, np.float32),
+                              np.ones(4, np.float32), epsilon=0.0, exponential_avg_factor=0.5,
+                              activation="relu")
+    np.testing.assert_array_equal(y, f.y)
+    np.testing.assert_array_equal(bn.moving_mean, f.batch_mean)
+
+
+def test_convention_helpers_check_their_arguments():
+    with pytest.raises(TypeError, match="momentum"):
+        L.exponential_avg_factor("0.9")
+    with pytest.raises(ValueError, match="momentum"):
+        L.exponential_avg_factor(float("nan"))
+    with pytest.raises(TypeError, match="count"):
+        L.convert_moving_variance([1.0], 3.7, "pytorch", "keras")
+    with pytest.raises(ValueError, match="convention"):
+        L.exponential_avg_factor(0.9, ["pytorch"])
+
+
+# --- inputs of forward and backward -------------------------------------------------------
+
+def test_input_of_another_dtype_names_x_and_the_dtype():
+    bn = cfbn.BatchNorm(4)
+    x = np.zeros((2, 3, 3, 4))
+    with pytest.raises(TypeError, match=r"^x: .*float32.*float64"):
+        bn(x)
+    with pytest.raises(TypeError, match=r"^x: .*float16"):
+        cfbn.BatchNorm(4, dtype=np.float16).forward(x.astype(np.float32))
+    bn(x.astype(np.float32))
+    with pytest.raises(TypeError, match=r"^dy: .*float32.*float64"):
+        bn.backward(x)
+    with pytest.raises(TypeError, match=r"^x: expected an array"):
+        bn("abc")
+
+
+def test_input_of_another_shape_names_x():
+    bn = cfbn.BatchNorm(4)
+    with pytest.raises(ValueError, match=r"^x: .*4-D"):
+        bn(np.zeros((3, 4), np.float32))
+    with pytest.raises(ValueError, match=r"^x: .*4 channels"):
+        bn(np.zeros((2, 3, 3, 5), np.float32))
+    with pytest.raises(ValueError, match=r"^x: .*4 channels"):
+        cfbn.BatchNorm(4, data_format="NCHW")(np.zeros((2, 3, 3, 4), np.float32))
+    bn(np.zeros((2, 3, 3, 4), np.float32))
+    with pytest.raises(ValueError, match=r"^dy: .*\(2, 3, 3, 4\)"):
+        bn.backward(np.zeros((2, 3, 4, 4), np.float32))
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", None, 1.0])
+def test_mode_flags_are_bools(value):
+    bn = cfbn.BatchNorm(4)
+    x = np.zeros((2, 3, 3, 4), np.float32)
+    with pytest.raises(TypeError, match="mode"):
+        bn.train(value)
+    if value is not None:      # None is forward's "the layer's mode"
+        with pytest.raises(TypeError, match="training"):
+            bn.forward(x, training=value)
+    assert bn.training is True
+    bn.train(np.bool_(False))
+    assert bn.training is False
+    bn.forward(x, training=np.bool_(True))
+    assert bn.moving_variance[0] != 1.0    # a training call updated the running variance
+
+
+def test_backward_before_forward():
+    with pytest.raises(RuntimeError, match="forward"):
+        cfbn.BatchNorm(4).backward(np.zeros((1, 1, 1, 4), np.float32))
+
+
+# --- an inference call between a training forward and its backward ------------------------
+
+def _reference_step(bn, x, dy, side=None):
+    """The functional forward and gradient of a training step of `bn` (a fresh copy)."""
+    f = cfbn.fused_batch_norm(x, bn.scale, bn.offset, epsilon=bn.epsilon,
+                              data_format=bn.data_format, activation=bn.activation,
+                              side_input=side)
+    g = cfbn.fused_batch_norm_grad(dy, x, bn.scale, f.reserve_space_1, f.reserve_space_2,
+                                   epsilon=bn.epsilon, data_format=bn.data_format,
+                                   offset=bn.offset, activation=bn.activation, side_input=side)
+    return f, g
+
+
+@pytest.mark.parametrize("side", [False, True])
+@pytest.mark.parametrize("how", ["training=False", "eval()"])
+def test_inference_call_between_forward_and_backward(side, how):
+    rng = np.random.default_rng(8)
+    shape = (4, 3, 3, 6)
+    x = rng.standard_normal(shape).astype(np.float32) * 2 + 1
+    dy = rng.standard_normal(shape).astype(np.float32)
+    s = rng.standard_normal(shape).astype(np.float32) if side else None
+    bn = cfbn.BatchNorm(6, activation="relu")
+    bn.scale[:] = rng.uniform(0.5, 2, 6)
+    bn.offset[:] = rng.standard_normal(6)
+    f, g = _reference_step(bn, x, dy, s)
+    y = bn.forward(x, side_input=s)
+    y_copy = y.copy()
+    # validation batches, of the same shape and of another, in the middle of the step
+    for v in (rng.standard_normal(shape), rng.standard_normal((2, 3, 3, 6))):
+        v = v.astype(np.float32)
+        if how == "eval()":
+            bn.eval()
+            yv = bn(v)
+            bn.train()
+        else:
+            yv = bn.forward(v, training=False)
+        assert yv is not y
+        np.testing.assert_array_equal(yv, cfbn.fused_batch_norm(
+            v, bn.scale, bn.offset, bn.moving_mean, bn.moving_variance, epsilon=bn.epsilon,
+            is_training=False, activation="relu").y)
+    np.testing.assert_array_equal(y, y_copy)      # the training y is the caller's still
+    dx = bn.backward(dy)
+    np.testing.assert_array_equal(dx, g.x_backprop)
+    np.testing.assert_array_equal(bn.scale_grad, g.scale_backprop)
+    np.testing.assert_array_equal(bn.offset_grad, g.offset_backprop)
+    if side:
+        np.testing.assert_array_equal(bn.side_input_grad, g.side_input_backprop)
+    # the step is done: the next inference call is what backward differentiates (frozen
+    # statistics, as when fine-tuning with the layer in eval mode)
+    bn.eval()
+    v = rng.standard_normal((2, 3, 3, 6)).astype(np.float32)
+    bn(v)
+    dv = rng.standard_normal(v.shape).astype(np.float32)
+    gi = cfbn.fused_batch_norm_grad(dv, v, bn.scale, bn.moving_mean, bn.moving_variance,
+                                    epsilon=bn.epsilon, is_training=False, offset=bn.offset,
+                                    activation="relu")
+    np.testing.assert_array_equal(bn.backward(dv), gi.x_backprop)
+
+
+def test_validation_pass_through_a_stack_of_layers():
+    # bn2's pending x is bn1's training y: a validation pass through bn1 must not write it
+    rng = np.random.default_rng(11)
+    shape = (4, 3, 3, 5)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    bn1, bn2 = cfbn.BatchNorm(5), cfbn.BatchNorm(5, activation="relu")
+    bn2.offset[:] = 0.3
+    f1, _ = _reference_step(bn1, x, dy)
+    f2, g2 = _reference_step(bn2, f1.y, dy)
+    g1 = cfbn.fused_batch_norm_grad(g2.x_backprop, x, bn1.scale, f1.reserve_space_1,
+                                    f1.reserve_space_2, epsilon=bn1.epsilon)
+    bn2(bn1(x))
+    v = rng.standard_normal(shape).astype(np.float32)
+    bn2(bn1(v, training=False), training=False)
+    np.testing.assert_array_equal(bn1.backward(bn2.backward(dy)), g1.x_backprop)
+    np.testing.assert_array_equal(bn2.scale_grad, g2.scale_backprop)
+
+
+def test_a_pending_backward_needs_the_training_shape():
+    bn = cfbn.BatchNorm(4)
+    bn(np.ones((2, 3, 3, 4), np.float32))
+    bn(np.ones((5, 3, 3, 4), np.float32), training=False)
+    # dy of the validation batch is not taken for the pending training step's
+    with pytest.raises(ValueError, match=r"^dy: .*\(2, 3, 3, 4\)"):
+        bn.backward(np.ones((5, 3, 3, 4), np.float32))
+
+
+# --- the per-shape buffers ------------------------------------------------------------------
+
+def test_buffers_kept_for_a_few_shapes_only():
+    bn = cfbn.BatchNorm(3, data_format="NC")
+    refs = []
+    for n in range(2, 202):
+        x = np.ones((n, 3), np.float32)
+        y = bn(x)
+        bn.backward(x)
+        refs.append((weakref.ref(y), weakref.ref(bn.backward(x))))
+        del y
+    gc.collect()
+    alive = sum(r() is not None for pair in refs for r in pair)
+    assert 0 < alive <= 2 * 4, alive
+    assert refs[-1][0]() is not None          # the most recent shape keeps its buffers
+
+
+def test_buffers_are_reused_per_shape_and_mode():
+    bn = cfbn.BatchNorm(3, data_format="NC")
+    a, b = np.ones((4, 3), np.float32), np.ones((5, 3), np.float32)
+    ya, dxa = bn(a), bn.backward(a)
+    assert bn(b) is not ya
+    assert bn(a) is ya and bn.backward(a) is dxa
+    ye = bn(a, training=False)
+    assert ye is not ya and bn(a, training=False) is ye
+
+
+def test_evicted_buffers_are_left_to_their_holders():
+    rng = np.random.default_rng(9)
+    bn = cfbn.BatchNorm(3, data_format="NC", buffer_shapes=2)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    y = bn(x)
+    kept = y.copy()
+    bn.backward(x)
+    for n in (5, 6, 7):           # push (4, 3) out of the cache
+        bn(np.ones((n, 3), np.float32))
+    y2 = bn(x * 3)
+    assert y2 is not y
+    np.testing.assert_array_equal(y, kept)
+
+
+def test_pending_backward_survives_eviction():
+    rng = np.random.default_rng(10)
+    bn = cfbn.BatchNorm(3, data_format="NC", buffer_shapes=1)
+    x = rng.standard_normal((6, 3)).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    _, g = _reference_step(bn, x, dy)
+    bn(x * 2)
+    dx_before = bn.backward(dy)                   # a dx buffer of this shape, still held
+    kept = dx_before.copy()
+    bn(x)
+    for n in (5, 7, 9):
+        bn(rng.standard_normal((n, 3)).astype(np.float32), training=False)
+    dx = bn.backward(dy)
+    np.testing.assert_array_equal(dx, g.x_backprop)
+    assert dx is not dx_before                    # (6, 3)'s dropped dx is the caller's
+    np.testing.assert_array_equal(dx_before, kept)
+
+
+def test_buffer_shapes_zero_returns_new_arrays():
+    bn = cfbn.BatchNorm(3, data_format="NC", buffer_shapes=0)
+    x = np.ones((4, 3), np.float32)
+    y1, y2 = bn(x), bn(x)
+    assert y1 is not y2
+    dx1 = bn.backward(x)
+    assert bn.backward(x) is not dx1
+    for value, exc in [(-1, ValueError), (2.0, TypeError), (True, TypeError)]:
+        with pytest.raises(exc, match="buffer_shapes"):
+            cfbn.BatchNorm(3, buffer_shapes=value)
+
+
+def test_release_buffers():
+    bn = cfbn.BatchNorm(3, data_format="NC")
+    y = bn(np.ones((5, 3), np.float32))
+    y_copy = y.copy()
+    x = np.ones((4, 3), np.float32)
+    s = np.ones((4, 3), np.float32)
+    refs = [weakref.ref(bn(x, side_input=s)), weakref.ref(bn.backward(x)),
+            weakref.ref(bn.side_input_grad), weakref.ref(x), weakref.ref(s)]
+    bn.release_buffers()
+    del x, s
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)
+    assert bn.side_input_grad is None
+    np.testing.assert_array_equal(y, y_copy)
+    with pytest.raises(RuntimeError, match="forward"):
+        bn.backward(np.ones((4, 3), np.float32))
+    y2 = bn(np.ones((5, 3), np.float32))          # the layer works on
+    assert y2 is not y
+    bn.backward(y2.copy())
