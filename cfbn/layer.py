@@ -17,8 +17,8 @@ pytorch       the new batch (factor = m)           Bessel-corrected, n/(n-1)
 """
 import numpy as np
 
-from ._api import (DTYPES, _activation, _as_array, _data_format, _dtype_kinds, _epsilon, _index,
-                   _is_cupy, _layout, _real, fused_batch_norm, fused_batch_norm_grad)
+from ._api import (DTYPES, _activation, _as_array, _data_format, _dtype_kinds, _epsilon, _flag,
+                   _index, _is_cupy, _layout, _real, fused_batch_norm, fused_batch_norm_grad)
 from .reference import channel_axis, reduce_axes
 
 __all__ = ["BatchNorm", "CONVENTIONS", "exponential_avg_factor", "momentum_from_factor",
@@ -54,15 +54,6 @@ def _layer_dtype(dtype):
         raise TypeError(expected) from None
     _dtype_kinds(dt, "dtype")
     return dt
-
-
-def _flag(value, name):
-    """A Python or NumPy bool as a bool; anything else (1, "yes", None) is a TypeError."""
-    if value is True or value is False:
-        return value
-    if isinstance(value, np.bool_):
-        return bool(value)
-    raise TypeError("%s: expected a bool, got %r" % (name, value))
 
 
 def _input(a, name):

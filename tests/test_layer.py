@@ -507,3 +507,9 @@ def test_release_buffers():
     y2 = bn(np.ones((5, 3), np.float32))          # the layer works on
     assert y2 is not y
     bn.backward(y2.copy())
+
+
+@pytest.mark.parametrize("name", ["epsilon", "momentum"])
+def test_constructor_numbers_beyond_the_float_range(name):
+    with pytest.raises(ValueError, match=name):
+        cfbn.BatchNorm(4, **{name: 10 ** 400})
