@@ -293,7 +293,7 @@ def _outputs(out, fields, specs, inputs, in_place=frozenset()):
     if out is None:
         return [_kernels.empty_output(shape, dtype) for shape, dtype in specs], ()
     given = _out_given(out, fields)
-    result, write_back = [], []
+    result, write_back, checked = [], [], []
     for field, (shape, dtype), a in zip(fields, specs, given):
         if a is None:
             result.append(_kernels.empty_output(shape, dtype))
@@ -310,9 +310,10 @@ def _outputs(out, fields, specs, inputs, in_place=frozenset()):
             if b is not None:
                 _check_alias(name, field, a, iname, b, in_place,
                              _kernels.touches(a, b), _kernels.overlaps(a, b))
-        for prev_field, prev in zip(fields, result):
+        for prev_field, prev in checked:
             if _kernels.touches(a, prev):
                 raise ValueError("%s: shares memory with out[%r]" % (name, prev_field))
+        checked.append((field, a))
         if not a.flags.aligned:
             write_back.append((a, len(result)))
             result.append(_kernels.empty_output(shape, dtype))

@@ -181,3 +181,17 @@ def test_unaligned_dx_into_dy_in_place(isa):
                                      out={"x_backprop": dy})
     assert got.x_backprop is dy
     assert_same(got, want)
+
+
+def test_unaligned_outputs_sharing_memory_are_rejected():
+    x, dy, side, v = data((3, 7, 9, 5), "NHWC")
+    f = cfbn.fused_batch_norm(x, v["scale"], v["offset"])
+    dx = unaligned(x.shape, np.float32, 1)
+    with pytest.raises(ValueError, match="side_input_backprop"):
+        cfbn.fused_batch_norm_grad(dy, x, v["scale"], f.reserve_space_1, f.reserve_space_2,
+                                   offset=v["offset"], activation="relu", side_input=side,
+                                   out={"x_backprop": dx, "side_input_backprop": dx})
+    raw = unaligned((11,), np.float32, 1)
+    with pytest.raises(ValueError, match="batch_variance"):
+        cfbn.fused_batch_norm(x, v["scale"], v["offset"],
+                              out={"batch_mean": raw[:5], "batch_variance": raw[4:9]})
