@@ -17,7 +17,9 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
+#include <float.h>
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "bn_fuse.h"
@@ -223,6 +225,98 @@ INLINE __m256 dot_tree8(const __m256 *g, const __m256 *d)
     return _mm256_add_ps(_mm256_add_ps(p01, p23), _mm256_add_ps(p45, p67));
 }
 
+/* ---- float block sums that left float's range ----
+ * Float has 8 exponent bits to double's 11.  A block sum, a square or a
+ * product dy * (x - mhi) formed in float overflows where double does not:
+ * one 2e19 among unit values squares to inf, while the variance (6e33 over
+ * 65536 values) is a finite float.  Below 2^-126 a float product keeps only
+ * part of its bits: gradual underflow loses up to 2^-150 per product.  So a
+ * kernel that sums blocks in float checks each column's (or run's) two sums
+ * once it is done, and sums that column again in double, as bn_scalar.c
+ * does, when
+ *   - a sum is not finite: a block overflowed, or the data hold a NaN or an
+ *     infinity, which the double sums then propagate as the scalar table's;
+ *   - the second sum is below count * TINY_SUM: only then can the losses to
+ *     underflow, at most count * 2^-150, exceed 2^-54 of that sum.
+ * A second sum of exactly 0 is kept where it is the common exact zero, so
+ * that such columns stay on the fast path: when the first sum is 0 too (a
+ * constant column of x; dy = 0), and, for the gradient, when |sum dy| |mhi|
+ * >= count * TINY_SUM (x constant at a nonzero mean), where whatever may
+ * have vanished is far below the rounding of the terms dy * x.  (Missed:
+ * terms that all vanish while their first sums cancel exactly, a loss of at
+ * most count * 2^-150.)  Otherwise the check costs one pass of vector
+ * compares over a piece's 2 w sums; the decision depends only on the
+ * column's data and the shape, so results stay independent of the thread
+ * count. */
+#define TINY_SUM 0x1p-96
+
+/* Whether sums s1, s2 of count elements summed in float must be redone in
+ * double; m is |mhi| for gradient sums, 0 for statistics. */
+static int needs_double(double s1, double s2, double count, double m)
+{
+    double tiny = count * TINY_SUM;
+    if (!(fabs(s1) <= DBL_MAX) || !(fabs(s2) <= DBL_MAX)) return 1;
+    if (fabs(s2) >= tiny) return 0;
+    return !(s2 == 0.0 && (s1 == 0.0 || fabs(s1) * m >= tiny));
+}
+
+/* All-ones lanes where needs_double's quick tests fail: s1 or s2 not
+ * finite, or |s2| < tiny (a superset of the lanes that need double).
+ * s1 - s1 is 0, or NaN when s1 is not finite, which then fails the first
+ * compare. */
+INLINE __m256d suspect_pd(__m256d s1, __m256d s2, __m256d tiny)
+{
+    const __m256d mag = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffll));
+    __m256d t = _mm256_add_pd(_mm256_and_pd(s2, mag), _mm256_sub_pd(s1, s1));
+    return _mm256_or_pd(_mm256_cmp_pd(t, tiny, _CMP_NGE_UQ), _mm256_cmp_pd(t, _mm256_set1_pd(DBL_MAX), _CMP_GT_OQ));
+}
+
+/* Whether any of w columns (a multiple of 4), with sums acc[j] and
+ * acc[w + j] of count elements, fails the quick tests: one pass of vector
+ * compares, after which only such columns are looked at one by one. */
+INLINE int any_suspect(const double *acc, int64_t w, double count)
+{
+    __m256d tiny = _mm256_set1_pd(count * TINY_SUM), bad = _mm256_setzero_pd();
+    for (int64_t j = 0; j < w; j += 4)
+        bad = _mm256_or_pd(bad, suspect_pd(_mm256_loadu_pd(acc + j), _mm256_loadu_pd(acc + w + j), tiny));
+    return _mm256_movemask_pd(bad);
+}
+
+INLINE float ld1(const void *p, int64_t i, int half)
+{
+    return half ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* Column j of rows x w summed again in double, element by element as
+ * bn_scalar.c sums it.  One column alone: the other columns, and so the
+ * other channels, keep their bits when one channel holds a NaN. */
+static void stats_column_pd(const void *x, int64_t rows, int64_t w, int64_t j, double shift, double *s1, double *s2,
+                            int half)
+{
+    double a = 0.0, b = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        double d = (double)ld1(x, r * w + j, half) - shift;
+        a += d;
+        b += d * d;
+    }
+    *s1 = a;
+    *s2 = b;
+}
+
+static void gstats_column_pd(const void *dy, const void *x, int64_t rows, int64_t w, int64_t j, float mhi, float mlo,
+                             double *s1, double *s2, int half)
+{
+    double a = 0.0, b = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        double g = ld1(dy, r * w + j, half);
+        float d = (ld1(x, r * w + j, half) - mhi) - mlo;
+        a += g;
+        b += g * (double)d;
+    }
+    *s1 = a;
+    *s2 = b;
+}
+
 /* ---- f32 / f16 flat streams: 8-element blocks with an even index use the
  * first parameter set, odd blocks the second ---- */
 
@@ -281,12 +375,15 @@ INLINE void gstats_tree_step(acc8 *a, const __m256 *g, const __m256 *u, __m256 m
     a->s2hi = _mm256_fnmadd_pd(hi_pd(mlo), t1hi, _mm256_add_pd(a->s2hi, hi_pd(t2)));
 }
 
-/* m: mhi, mlo of even blocks, then of odd blocks */
-INLINE void gstats_flat_ps(const void *dy, const void *x, int64_t n, const __m256 *m, int half, acc8 *ea, acc8 *oa)
+/* m: mhi, mlo of even blocks, then of odd blocks.  tree: sum blocks of 8
+ * vectors in float first (the fast way); 0 forms every product and sum in
+ * double (for sums that left float's range, see needs_double). */
+INLINE void gstats_flat_ps(const void *dy, const void *x, int64_t n, const __m256 *m, int half, int tree,
+                           acc8 *ea, acc8 *oa)
 {
     acc8 a = acc8_zero(), b = acc8_zero();
     int64_t i = 0;
-    for (; i + 128 <= n; i += 128) {
+    for (; tree && i + 128 <= n; i += 128) {
         __m256 g[8], d[8];
         for (int k = 0; k < 8; k++) {
             g[k] = ld8(dy, i + 16 * k, half);
@@ -396,7 +493,9 @@ INLINE void stats_run_ps(const void *x, int64_t n, double shift, double *acc, in
  * added in double.  The float differences are taken from the shift rounded to
  * float; the rounding is put back exactly in double at the end, so the sums
  * are those of x - shift.  The driver picks a shift near the channel's mean,
- * which keeps the squares small and the variance free of cancellation. */
+ * which keeps the squares small and the variance free of cancellation.  A
+ * column whose float sums left float's range is summed again in double at
+ * the end (needs_double). */
 
 INLINE __m256 shift_ps(const double *shift)
 {
@@ -470,14 +569,26 @@ INLINE void stats_rows8_ps(const void *x, int64_t rows, int64_t w, const double 
         }
     }
     /* from sums of (x - k) to sums of (x - shift): with e = k - shift,
-     * sum(d + e) = s1 + n e and sum((d + e)^2) = s2 + 2 e s1 + n e^2 */
+     * sum(d + e) = s1 + n e and sum((d + e)^2) = s2 + 2 e s1 + n e^2; the
+     * same pass takes needs_double's quick tests */
     const double n = (double)rows;
-    for (int64_t j = 0; j < w; j++) {
-        double e = (double)(float)shift[j] - shift[j];
-        if (e != 0.0) {
-            acc[w + j] += e * (2.0 * acc[j] + n * e);
-            acc[j] += n * e;
-        }
+    const __m256d vn = _mm256_set1_pd(n), two = _mm256_set1_pd(2.0), tiny = _mm256_set1_pd(n * TINY_SUM);
+    __m256d bad = _mm256_setzero_pd();
+    for (int64_t j = 0; j < w; j += 4) {
+        __m256d sh = _mm256_loadu_pd(shift + j);
+        __m256d e = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_cvtpd_ps(sh)), sh);
+        __m256d s1 = _mm256_loadu_pd(acc + j), s2 = _mm256_loadu_pd(acc + w + j);
+        __m256d ne = _mm256_mul_pd(vn, e);
+        s2 = _mm256_add_pd(s2, _mm256_mul_pd(e, _mm256_add_pd(_mm256_mul_pd(two, s1), ne)));
+        s1 = _mm256_add_pd(s1, ne);
+        _mm256_storeu_pd(acc + j, s1);
+        _mm256_storeu_pd(acc + w + j, s2);
+        bad = _mm256_or_pd(bad, suspect_pd(s1, s2, tiny));
+    }
+    if (_mm256_movemask_pd(bad)) {
+        for (int64_t j = 0; j < w; j++)
+            if (needs_double(acc[j], acc[w + j], n, 0.0))
+                stats_column_pd(x, rows, w, j, shift[j], acc + j, acc + w + j, half);
     }
 }
 
@@ -521,6 +632,11 @@ INLINE void gstats_rows8_ps(const void *dy, const void *x, int64_t rows, int64_t
             __m256 g = ld8(dy, r * w + j, half);
             add_block(acc, w, j, g, _mm256_mul_ps(g, centered_ps(ld8(x, r * w + j, half), m, l)));
         }
+    }
+    if (any_suspect(acc, w, (double)rows)) {
+        for (int64_t j = 0; j < w; j++)
+            if (needs_double(acc[j], acc[w + j], (double)rows, fabs(p->mhi[j])))
+                gstats_column_pd(dy, x, rows, w, j, p->mhi[j], p->mlo[j], acc + j, acc + w + j, half);
     }
 }
 
@@ -634,9 +750,14 @@ INLINE void gstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_g
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     const __m256 q[4] = {m, l, m, l};
     acc8 a, b;
-    gstats_flat_ps(dy, x, n, q, half, &a, &b);
+    gstats_flat_ps(dy, x, n, q, half, 1, &a, &b);
     acc[0] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
     acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
+    if (n >= 128 && needs_double(acc[0], acc[1], (double)n, fabs(p->mhi[0]))) {
+        gstats_flat_ps(dy, x, n, q, half, 0, &a, &b);
+        acc[0] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
+        acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
+    }
 }
 
 INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
@@ -653,11 +774,14 @@ INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t 
         lanes_ps(p->mhi, w, &q[0], &q[2]);
         lanes_ps(p->mlo, w, &q[1], &q[3]);
         acc8 a, b;
-        gstats_flat_ps(dy, x, rows * w, q, half, &a, &b);
+        gstats_flat_ps(dy, x, rows * w, q, half, 1, &a, &b);
         acc8_store(&a, s1, s2);
         acc8_store(&b, s1 + 8, s2 + 8);
         fold_lanes(s1, 16, w, acc);
         fold_lanes(s2, 16, w, acc + w);
+        for (int64_t j = 0; rows * w >= 128 && j < w; j++)
+            if (needs_double(acc[j], acc[w + j], (double)rows, fabs(p->mhi[j])))
+                gstats_column_pd(dy, x, rows, w, j, p->mhi[j], p->mlo[j], acc + j, acc + w + j, half);
         return;
     }
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
@@ -1101,12 +1225,25 @@ static void gstats_runs_f32(const float *dy, const float *x, int64_t n, const cf
         acc8 a, b;
         prefetch_next_run(dy + k * st, n * 4);
         prefetch_next_run(x + k * st, n * 4);
-        gstats_flat_ps(dy + k * st, x + k * st, n, q, 0, &a, &b);
+        gstats_flat_ps(dy + k * st, x + k * st, n, q, 0, 1, &a, &b);
         s1 = _mm256_add_pd(s1, _mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
         s2 = _mm256_add_pd(s2, _mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
     }
     acc[0] = hsum_pd(s1);
     acc[1] = hsum_pd(s2);
+    /* one channel's runs: checked once, on the totals (the losses bound by
+     * needs_double add up over the runs as the sums do) */
+    if (needs_double(acc[0], acc[1], (double)(n * p->runs), fabs(p->mhi[0]))) {
+        s1 = s2 = _mm256_setzero_pd();
+        for (k = 0; k < p->runs; k++) {
+            acc8 a, b;
+            gstats_flat_ps(dy + k * st, x + k * st, n, q, 0, 0, &a, &b);
+            s1 = _mm256_add_pd(s1, _mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
+            s2 = _mm256_add_pd(s2, _mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
+        }
+        acc[0] = hsum_pd(s1);
+        acc[1] = hsum_pd(s2);
+    }
 }
 
 static void gapply_runs_f32(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
