@@ -25,6 +25,9 @@
 #include "bn_fuse.h"
 
 #define INLINE static inline __attribute__((always_inline))
+/* the rarely taken ways back to double sums: out of line, so that the fast
+ * loops keep their code and its alignment */
+#define COLD static __attribute__((noinline, cold))
 
 /* ---- masks: lanes [0, cnt) set; cnt may be <= 0 or >= the lane count ---- */
 
@@ -240,25 +243,36 @@ INLINE __m256 dot_tree8(const __m256 *g, const __m256 *d)
  *     underflow, at most count * 2^-150, exceed 2^-54 of that sum.
  * A second sum of exactly 0 is kept where it is the common exact zero, so
  * that such columns stay on the fast path: when the first sum is 0 too (a
- * constant column of x; dy = 0), and, for the gradient, when |sum dy| |mhi|
- * >= count * TINY_SUM (x constant at a nonzero mean), where whatever may
- * have vanished is far below the rounding of the terms dy * x.  (Missed:
- * terms that all vanish while their first sums cancel exactly, a loss of at
- * most count * 2^-150.)  Otherwise the check costs one pass of vector
- * compares over a piece's 2 w sums; the decision depends only on the
- * column's data and the shape, so results stay independent of the thread
- * count. */
+ * constant column of x; dy = 0), and, for the gradient, when the mean is 0
+ * (a channel of zeros) or |sum dy| |mhi| >= count * TINY_SUM (x constant at
+ * a nonzero mean, where whatever may have vanished is far below the
+ * rounding of the terms dy * x).  (Missed: terms that all vanish while
+ * their first sums cancel exactly, or around a gradient's mean of exactly
+ * 0; a loss of at most count * 2^-150.)  Otherwise the check costs one pass
+ * of vector compares over a piece's 2 w sums; the decision depends only on
+ * the column's data and the shape, so results stay independent of the
+ * thread count.
+ * Non-finite data should not make a pass slow: a gradient with a mean that
+ * is not finite (the statistics of a channel holding a NaN) keeps its float
+ * second sum, which is then not finite in double either, and of the same
+ * kind (NaN, or an infinity of the same sign); a column summed again stops
+ * at its first NaN, after which its sums stay NaN. */
 #define TINY_SUM 0x1p-96
 
-/* Whether sums s1, s2 of count elements summed in float must be redone in
- * double; m is |mhi| for gradient sums, 0 for statistics. */
-static int needs_double(double s1, double s2, double count, double m)
+/* What sums s1, s2 of count elements summed in float need: REDO_S1 and/or
+ * REDO_S2, or 0.  For gradient sums m is |mhi| and mfin whether mhi and mlo
+ * are finite; statistics pass m < 0 and mfin 1. */
+enum { REDO_S1 = 1, REDO_S2 = 2 };
+static int needs_double(double s1, double s2, double count, double m, int mfin)
 {
     double tiny = count * TINY_SUM;
-    if (!(fabs(s1) <= DBL_MAX) || !(fabs(s2) <= DBL_MAX)) return 1;
-    if (fabs(s2) >= tiny) return 0;
-    return !(s2 == 0.0 && (s1 == 0.0 || fabs(s1) * m >= tiny));
+    int redo = fabs(s1) <= DBL_MAX ? 0 : REDO_S1;
+    if (!mfin || (fabs(s2) >= tiny && fabs(s2) <= DBL_MAX)) return redo;
+    if (s2 == 0.0 && (s1 == 0.0 || m == 0.0 || fabs(s1) * m >= tiny)) return redo;
+    return redo | REDO_S2;
 }
+
+INLINE int finite_f(float v) { return fabsf(v) <= FLT_MAX; }
 
 /* All-ones lanes where needs_double's quick tests fail: s1 or s2 not
  * finite, or |s2| < tiny (a superset of the lanes that need double).
@@ -289,12 +303,13 @@ INLINE float ld1(const void *p, int64_t i, int half)
 
 /* Column j of rows x w summed again in double, element by element as
  * bn_scalar.c sums it.  One column alone: the other columns, and so the
- * other channels, keep their bits when one channel holds a NaN. */
-static void stats_column_pd(const void *x, int64_t rows, int64_t w, int64_t j, double shift, double *s1, double *s2,
-                            int half)
+ * other channels, keep their bits when one channel holds a NaN.  A NaN d
+ * makes both sums NaN for good, so the loop stops there. */
+COLD void stats_column_pd(const void *x, int64_t rows, int64_t w, int64_t j, double shift, double *s1, double *s2,
+                          int half)
 {
     double a = 0.0, b = 0.0;
-    for (int64_t r = 0; r < rows; r++) {
+    for (int64_t r = 0; r < rows && b == b; r++) {
         double d = (double)ld1(x, r * w + j, half) - shift;
         a += d;
         b += d * d;
@@ -303,18 +318,29 @@ static void stats_column_pd(const void *x, int64_t rows, int64_t w, int64_t j, d
     *s2 = b;
 }
 
-static void gstats_column_pd(const void *dy, const void *x, int64_t rows, int64_t w, int64_t j, float mhi, float mlo,
-                             double *s1, double *s2, int half)
+/* The sums needs_double asked for (redo), of column j, again in double.
+ * With a finite first sum every dy is finite, so a leading stretch of
+ * x - mhi - mlo == 0 adds exactly 0 to the second sum and needs no dy: a
+ * column of x constant at the mean costs one read of x. */
+COLD void gstats_column_pd(const void *dy, const void *x, int64_t rows, int64_t w, int64_t j, float mhi, float mlo,
+                           int redo, double *s1, double *s2, int half)
 {
-    double a = 0.0, b = 0.0;
-    for (int64_t r = 0; r < rows; r++) {
-        double g = ld1(dy, r * w + j, half);
-        float d = (ld1(x, r * w + j, half) - mhi) - mlo;
-        a += g;
-        b += g * (double)d;
+    if (redo & REDO_S1) {
+        double a = 0.0;
+        for (int64_t r = 0; r < rows && a == a; r++) a += ld1(dy, r * w + j, half);
+        *s1 = a;
     }
-    *s1 = a;
-    *s2 = b;
+    if (redo & REDO_S2) {
+        int64_t r = 0;
+        if (fabs(*s1) <= DBL_MAX)
+            while (r < rows && (ld1(x, r * w + j, half) - mhi) - mlo == 0.0f) r++;
+        double b = 0.0;
+        for (; r < rows && b == b; r++) {
+            float d = (ld1(x, r * w + j, half) - mhi) - mlo;
+            b += (double)ld1(dy, r * w + j, half) * (double)d;
+        }
+        *s2 = b;
+    }
 }
 
 /* ---- f32 / f16 flat streams: 8-element blocks with an even index use the
@@ -587,7 +613,7 @@ INLINE void stats_rows8_ps(const void *x, int64_t rows, int64_t w, const double 
     }
     if (_mm256_movemask_pd(bad)) {
         for (int64_t j = 0; j < w; j++)
-            if (needs_double(acc[j], acc[w + j], n, 0.0))
+            if (needs_double(acc[j], acc[w + j], n, -1.0, 1))
                 stats_column_pd(x, rows, w, j, shift[j], acc + j, acc + w + j, half);
     }
 }
@@ -634,9 +660,11 @@ INLINE void gstats_rows8_ps(const void *dy, const void *x, int64_t rows, int64_t
         }
     }
     if (any_suspect(acc, w, (double)rows)) {
-        for (int64_t j = 0; j < w; j++)
-            if (needs_double(acc[j], acc[w + j], (double)rows, fabs(p->mhi[j])))
-                gstats_column_pd(dy, x, rows, w, j, p->mhi[j], p->mlo[j], acc + j, acc + w + j, half);
+        for (int64_t j = 0; j < w; j++) {
+            int redo = needs_double(acc[j], acc[w + j], (double)rows, fabs(p->mhi[j]),
+                                    finite_f(p->mhi[j]) && finite_f(p->mlo[j]));
+            if (redo) gstats_column_pd(dy, x, rows, w, j, p->mhi[j], p->mlo[j], redo, acc + j, acc + w + j, half);
+        }
     }
 }
 
@@ -745,6 +773,32 @@ INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const
     }
 }
 
+/* The gradient sums of `runs` runs of n elements, `stride` apart, with
+ * every product and sum in double: run kernels whose float block sums left
+ * float's range (needs_double) take them from here. */
+COLD void gstats_runs_pd(const void *dy, const void *x, int64_t n, int64_t runs, int64_t stride,
+                         const cfbn_grad_f32 *p, double *acc, int half)
+{
+    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
+    const __m256 q[4] = {m, l, m, l};
+    const size_t step = (size_t)stride * (half ? 2 : 4);
+    __m256d s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd();
+    for (int64_t k = 0; k < runs; k++) {
+        acc8 a, b;
+        gstats_flat_ps((const char *)dy + k * step, (const char *)x + k * step, n, q, half, 0, &a, &b);
+        s1 = _mm256_add_pd(s1, _mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
+        s2 = _mm256_add_pd(s2, _mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
+    }
+    acc[0] = hsum_pd(s1);
+    acc[1] = hsum_pd(s2);
+}
+
+INLINE int run_needs_double(const double *acc, int64_t count, const cfbn_grad_f32 *p)
+{
+    int mfin = finite_f(p->mhi[0]) && finite_f(p->mlo[0]);
+    return needs_double(acc[0], acc[1], (double)count, fabs(p->mhi[0]), mfin);
+}
+
 INLINE void gstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int half)
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
@@ -753,11 +807,7 @@ INLINE void gstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_g
     gstats_flat_ps(dy, x, n, q, half, 1, &a, &b);
     acc[0] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
     acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
-    if (n >= 128 && needs_double(acc[0], acc[1], (double)n, fabs(p->mhi[0]))) {
-        gstats_flat_ps(dy, x, n, q, half, 0, &a, &b);
-        acc[0] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
-        acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
-    }
+    if (n >= 128 && run_needs_double(acc, n, p)) gstats_runs_pd(dy, x, n, 1, 0, p, acc, half);
 }
 
 INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
@@ -779,9 +829,11 @@ INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t 
         acc8_store(&b, s1 + 8, s2 + 8);
         fold_lanes(s1, 16, w, acc);
         fold_lanes(s2, 16, w, acc + w);
-        for (int64_t j = 0; rows * w >= 128 && j < w; j++)
-            if (needs_double(acc[j], acc[w + j], (double)rows, fabs(p->mhi[j])))
-                gstats_column_pd(dy, x, rows, w, j, p->mhi[j], p->mlo[j], acc + j, acc + w + j, half);
+        for (int64_t j = 0; rows * w >= 128 && j < w; j++) {
+            int redo = needs_double(acc[j], acc[w + j], (double)rows, fabs(p->mhi[j]),
+                                    finite_f(p->mhi[j]) && finite_f(p->mlo[j]));
+            if (redo) gstats_column_pd(dy, x, rows, w, j, p->mhi[j], p->mlo[j], redo, acc + j, acc + w + j, half);
+        }
         return;
     }
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
@@ -1233,17 +1285,7 @@ static void gstats_runs_f32(const float *dy, const float *x, int64_t n, const cf
     acc[1] = hsum_pd(s2);
     /* one channel's runs: checked once, on the totals (the losses bound by
      * needs_double add up over the runs as the sums do) */
-    if (needs_double(acc[0], acc[1], (double)(n * p->runs), fabs(p->mhi[0]))) {
-        s1 = s2 = _mm256_setzero_pd();
-        for (k = 0; k < p->runs; k++) {
-            acc8 a, b;
-            gstats_flat_ps(dy + k * st, x + k * st, n, q, 0, 0, &a, &b);
-            s1 = _mm256_add_pd(s1, _mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
-            s2 = _mm256_add_pd(s2, _mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
-        }
-        acc[0] = hsum_pd(s1);
-        acc[1] = hsum_pd(s2);
-    }
+    if (run_needs_double(acc, n * p->runs, p)) gstats_runs_pd(dy, x, n, p->runs, st, p, acc, 0);
 }
 
 static void gapply_runs_f32(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
