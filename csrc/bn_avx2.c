@@ -17,12 +17,17 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
+#include <float.h>
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "bn_fuse.h"
 
 #define INLINE static inline __attribute__((always_inline))
+/* the rarely taken ways back to double sums: out of line, so that the fast
+ * loops keep their code and its alignment */
+#define COLD static __attribute__((noinline, cold))
 
 /* ---- masks: lanes [0, cnt) set; cnt may be <= 0 or >= the lane count ---- */
 
@@ -223,6 +228,121 @@ INLINE __m256 dot_tree8(const __m256 *g, const __m256 *d)
     return _mm256_add_ps(_mm256_add_ps(p01, p23), _mm256_add_ps(p45, p67));
 }
 
+/* ---- float block sums that left float's range ----
+ * Float has 8 exponent bits to double's 11.  A block sum, a square or a
+ * product dy * (x - mhi) formed in float overflows where double does not:
+ * one 2e19 among unit values squares to inf, while the variance (6e33 over
+ * 65536 values) is a finite float.  Below 2^-126 a float product keeps only
+ * part of its bits: gradual underflow loses up to 2^-150 per product.  So a
+ * kernel that sums blocks in float checks each column's (or run's) two sums
+ * once it is done, and sums that column again in double, as bn_scalar.c
+ * does, when
+ *   - a sum is not finite: a block overflowed, or the data hold a NaN or an
+ *     infinity, which the double sums then propagate as the scalar table's;
+ *   - the second sum is below count * TINY_SUM: only then can the losses to
+ *     underflow, at most count * 2^-150, exceed 2^-54 of that sum.
+ * A second sum of exactly 0 is kept where it is the common exact zero, so
+ * that such columns stay on the fast path: when the first sum is 0 too (a
+ * constant column of x; dy = 0), and, for the gradient, when the mean is 0
+ * (a channel of zeros) or |sum dy| |mhi| >= count * TINY_SUM (x constant at
+ * a nonzero mean, where whatever may have vanished is far below the
+ * rounding of the terms dy * x).  (Missed: terms that all vanish while
+ * their first sums cancel exactly, or around a gradient's mean of exactly
+ * 0; a loss of at most count * 2^-150.)  Otherwise the check costs one pass
+ * of vector compares over a piece's 2 w sums; the decision depends only on
+ * the column's data and the shape, so results stay independent of the
+ * thread count.
+ * Non-finite data should not make a pass slow: a gradient with a mean that
+ * is not finite (the statistics of a channel holding a NaN) keeps its float
+ * second sum, which is then not finite in double either, and of the same
+ * kind (NaN, or an infinity of the same sign); a column summed again stops
+ * at its first NaN, after which its sums stay NaN. */
+#define TINY_SUM 0x1p-96
+
+/* What sums s1, s2 of count elements summed in float need: REDO_S1 and/or
+ * REDO_S2, or 0.  For gradient sums m is |mhi| and mfin whether mhi and mlo
+ * are finite; statistics pass m < 0 and mfin 1. */
+enum { REDO_S1 = 1, REDO_S2 = 2 };
+static int needs_double(double s1, double s2, double count, double m, int mfin)
+{
+    double tiny = count * TINY_SUM;
+    int redo = fabs(s1) <= DBL_MAX ? 0 : REDO_S1;
+    if (!mfin || (fabs(s2) >= tiny && fabs(s2) <= DBL_MAX)) return redo;
+    if (s2 == 0.0 && (s1 == 0.0 || m == 0.0 || fabs(s1) * m >= tiny)) return redo;
+    return redo | REDO_S2;
+}
+
+INLINE int finite_f(float v) { return fabsf(v) <= FLT_MAX; }
+
+/* All-ones lanes where needs_double's quick tests fail: s1 or s2 not
+ * finite, or |s2| < tiny (a superset of the lanes that need double).
+ * s1 - s1 is 0, or NaN when s1 is not finite, which then fails the first
+ * compare. */
+INLINE __m256d suspect_pd(__m256d s1, __m256d s2, __m256d tiny)
+{
+    const __m256d mag = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffll));
+    __m256d t = _mm256_add_pd(_mm256_and_pd(s2, mag), _mm256_sub_pd(s1, s1));
+    return _mm256_or_pd(_mm256_cmp_pd(t, tiny, _CMP_NGE_UQ), _mm256_cmp_pd(t, _mm256_set1_pd(DBL_MAX), _CMP_GT_OQ));
+}
+
+/* Whether any of w columns (a multiple of 4), with sums acc[j] and
+ * acc[w + j] of count elements, fails the quick tests: one pass of vector
+ * compares, after which only such columns are looked at one by one. */
+INLINE int any_suspect(const double *acc, int64_t w, double count)
+{
+    __m256d tiny = _mm256_set1_pd(count * TINY_SUM), bad = _mm256_setzero_pd();
+    for (int64_t j = 0; j < w; j += 4)
+        bad = _mm256_or_pd(bad, suspect_pd(_mm256_loadu_pd(acc + j), _mm256_loadu_pd(acc + w + j), tiny));
+    return _mm256_movemask_pd(bad);
+}
+
+INLINE float ld1(const void *p, int64_t i, int half)
+{
+    return half ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* Column j of rows x w summed again in double, element by element as
+ * bn_scalar.c sums it.  One column alone: the other columns, and so the
+ * other channels, keep their bits when one channel holds a NaN.  A NaN d
+ * makes both sums NaN for good, so the loop stops there. */
+COLD void stats_column_pd(const void *x, int64_t rows, int64_t w, int64_t j, double shift, double *s1, double *s2,
+                          int half)
+{
+    double a = 0.0, b = 0.0;
+    for (int64_t r = 0; r < rows && b == b; r++) {
+        double d = (double)ld1(x, r * w + j, half) - shift;
+        a += d;
+        b += d * d;
+    }
+    *s1 = a;
+    *s2 = b;
+}
+
+/* The sums needs_double asked for (redo), of column j, again in double.
+ * With a finite first sum every dy is finite, so a leading stretch of
+ * x - mhi - mlo == 0 adds exactly 0 to the second sum and needs no dy: a
+ * column of x constant at the mean costs one read of x. */
+COLD void gstats_column_pd(const void *dy, const void *x, int64_t rows, int64_t w, int64_t j, float mhi, float mlo,
+                           int redo, double *s1, double *s2, int half)
+{
+    if (redo & REDO_S1) {
+        double a = 0.0;
+        for (int64_t r = 0; r < rows && a == a; r++) a += ld1(dy, r * w + j, half);
+        *s1 = a;
+    }
+    if (redo & REDO_S2) {
+        int64_t r = 0;
+        if (fabs(*s1) <= DBL_MAX)
+            while (r < rows && (ld1(x, r * w + j, half) - mhi) - mlo == 0.0f) r++;
+        double b = 0.0;
+        for (; r < rows && b == b; r++) {
+            float d = (ld1(x, r * w + j, half) - mhi) - mlo;
+            b += (double)ld1(dy, r * w + j, half) * (double)d;
+        }
+        *s2 = b;
+    }
+}
+
 /* ---- f32 / f16 flat streams: 8-element blocks with an even index use the
  * first parameter set, odd blocks the second ---- */
 
@@ -281,12 +401,15 @@ INLINE void gstats_tree_step(acc8 *a, const __m256 *g, const __m256 *u, __m256 m
     a->s2hi = _mm256_fnmadd_pd(hi_pd(mlo), t1hi, _mm256_add_pd(a->s2hi, hi_pd(t2)));
 }
 
-/* m: mhi, mlo of even blocks, then of odd blocks */
-INLINE void gstats_flat_ps(const void *dy, const void *x, int64_t n, const __m256 *m, int half, acc8 *ea, acc8 *oa)
+/* m: mhi, mlo of even blocks, then of odd blocks.  tree: sum blocks of 8
+ * vectors in float first (the fast way); 0 forms every product and sum in
+ * double (for sums that left float's range, see needs_double). */
+INLINE void gstats_flat_ps(const void *dy, const void *x, int64_t n, const __m256 *m, int half, int tree,
+                           acc8 *ea, acc8 *oa)
 {
     acc8 a = acc8_zero(), b = acc8_zero();
     int64_t i = 0;
-    for (; i + 128 <= n; i += 128) {
+    for (; tree && i + 128 <= n; i += 128) {
         __m256 g[8], d[8];
         for (int k = 0; k < 8; k++) {
             g[k] = ld8(dy, i + 16 * k, half);
@@ -396,7 +519,9 @@ INLINE void stats_run_ps(const void *x, int64_t n, double shift, double *acc, in
  * added in double.  The float differences are taken from the shift rounded to
  * float; the rounding is put back exactly in double at the end, so the sums
  * are those of x - shift.  The driver picks a shift near the channel's mean,
- * which keeps the squares small and the variance free of cancellation. */
+ * which keeps the squares small and the variance free of cancellation.  A
+ * column whose float sums left float's range is summed again in double at
+ * the end (needs_double). */
 
 INLINE __m256 shift_ps(const double *shift)
 {
@@ -470,14 +595,26 @@ INLINE void stats_rows8_ps(const void *x, int64_t rows, int64_t w, const double 
         }
     }
     /* from sums of (x - k) to sums of (x - shift): with e = k - shift,
-     * sum(d + e) = s1 + n e and sum((d + e)^2) = s2 + 2 e s1 + n e^2 */
+     * sum(d + e) = s1 + n e and sum((d + e)^2) = s2 + 2 e s1 + n e^2; the
+     * same pass takes needs_double's quick tests */
     const double n = (double)rows;
-    for (int64_t j = 0; j < w; j++) {
-        double e = (double)(float)shift[j] - shift[j];
-        if (e != 0.0) {
-            acc[w + j] += e * (2.0 * acc[j] + n * e);
-            acc[j] += n * e;
-        }
+    const __m256d vn = _mm256_set1_pd(n), two = _mm256_set1_pd(2.0), tiny = _mm256_set1_pd(n * TINY_SUM);
+    __m256d bad = _mm256_setzero_pd();
+    for (int64_t j = 0; j < w; j += 4) {
+        __m256d sh = _mm256_loadu_pd(shift + j);
+        __m256d e = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_cvtpd_ps(sh)), sh);
+        __m256d s1 = _mm256_loadu_pd(acc + j), s2 = _mm256_loadu_pd(acc + w + j);
+        __m256d ne = _mm256_mul_pd(vn, e);
+        s2 = _mm256_add_pd(s2, _mm256_mul_pd(e, _mm256_add_pd(_mm256_mul_pd(two, s1), ne)));
+        s1 = _mm256_add_pd(s1, ne);
+        _mm256_storeu_pd(acc + j, s1);
+        _mm256_storeu_pd(acc + w + j, s2);
+        bad = _mm256_or_pd(bad, suspect_pd(s1, s2, tiny));
+    }
+    if (_mm256_movemask_pd(bad)) {
+        for (int64_t j = 0; j < w; j++)
+            if (needs_double(acc[j], acc[w + j], n, -1.0, 1))
+                stats_column_pd(x, rows, w, j, shift[j], acc + j, acc + w + j, half);
     }
 }
 
@@ -520,6 +657,13 @@ INLINE void gstats_rows8_ps(const void *dy, const void *x, int64_t rows, int64_t
             __m256 m = _mm256_loadu_ps(p->mhi + j), l = _mm256_loadu_ps(p->mlo + j);
             __m256 g = ld8(dy, r * w + j, half);
             add_block(acc, w, j, g, _mm256_mul_ps(g, centered_ps(ld8(x, r * w + j, half), m, l)));
+        }
+    }
+    if (any_suspect(acc, w, (double)rows)) {
+        for (int64_t j = 0; j < w; j++) {
+            int redo = needs_double(acc[j], acc[w + j], (double)rows, fabs(p->mhi[j]),
+                                    finite_f(p->mhi[j]) && finite_f(p->mlo[j]));
+            if (redo) gstats_column_pd(dy, x, rows, w, j, p->mhi[j], p->mlo[j], redo, acc + j, acc + w + j, half);
         }
     }
 }
@@ -629,14 +773,41 @@ INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const
     }
 }
 
+/* The gradient sums of `runs` runs of n elements, `stride` apart, with
+ * every product and sum in double: run kernels whose float block sums left
+ * float's range (needs_double) take them from here. */
+COLD void gstats_runs_pd(const void *dy, const void *x, int64_t n, int64_t runs, int64_t stride,
+                         const cfbn_grad_f32 *p, double *acc, int half)
+{
+    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
+    const __m256 q[4] = {m, l, m, l};
+    const size_t step = (size_t)stride * (half ? 2 : 4);
+    __m256d s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd();
+    for (int64_t k = 0; k < runs; k++) {
+        acc8 a, b;
+        gstats_flat_ps((const char *)dy + k * step, (const char *)x + k * step, n, q, half, 0, &a, &b);
+        s1 = _mm256_add_pd(s1, _mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
+        s2 = _mm256_add_pd(s2, _mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
+    }
+    acc[0] = hsum_pd(s1);
+    acc[1] = hsum_pd(s2);
+}
+
+INLINE int run_needs_double(const double *acc, int64_t count, const cfbn_grad_f32 *p)
+{
+    int mfin = finite_f(p->mhi[0]) && finite_f(p->mlo[0]);
+    return needs_double(acc[0], acc[1], (double)count, fabs(p->mhi[0]), mfin);
+}
+
 INLINE void gstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int half)
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     const __m256 q[4] = {m, l, m, l};
     acc8 a, b;
-    gstats_flat_ps(dy, x, n, q, half, &a, &b);
+    gstats_flat_ps(dy, x, n, q, half, 1, &a, &b);
     acc[0] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
     acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
+    if (n >= 128 && run_needs_double(acc, n, p)) gstats_runs_pd(dy, x, n, 1, 0, p, acc, half);
 }
 
 INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
@@ -653,11 +824,16 @@ INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t 
         lanes_ps(p->mhi, w, &q[0], &q[2]);
         lanes_ps(p->mlo, w, &q[1], &q[3]);
         acc8 a, b;
-        gstats_flat_ps(dy, x, rows * w, q, half, &a, &b);
+        gstats_flat_ps(dy, x, rows * w, q, half, 1, &a, &b);
         acc8_store(&a, s1, s2);
         acc8_store(&b, s1 + 8, s2 + 8);
         fold_lanes(s1, 16, w, acc);
         fold_lanes(s2, 16, w, acc + w);
+        for (int64_t j = 0; rows * w >= 128 && j < w; j++) {
+            int redo = needs_double(acc[j], acc[w + j], (double)rows, fabs(p->mhi[j]),
+                                    finite_f(p->mhi[j]) && finite_f(p->mlo[j]));
+            if (redo) gstats_column_pd(dy, x, rows, w, j, p->mhi[j], p->mlo[j], redo, acc + j, acc + w + j, half);
+        }
         return;
     }
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
@@ -1101,12 +1277,15 @@ static void gstats_runs_f32(const float *dy, const float *x, int64_t n, const cf
         acc8 a, b;
         prefetch_next_run(dy + k * st, n * 4);
         prefetch_next_run(x + k * st, n * 4);
-        gstats_flat_ps(dy + k * st, x + k * st, n, q, 0, &a, &b);
+        gstats_flat_ps(dy + k * st, x + k * st, n, q, 0, 1, &a, &b);
         s1 = _mm256_add_pd(s1, _mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
         s2 = _mm256_add_pd(s2, _mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
     }
     acc[0] = hsum_pd(s1);
     acc[1] = hsum_pd(s2);
+    /* one channel's runs: checked once, on the totals (the losses bound by
+     * needs_double add up over the runs as the sums do) */
+    if (run_needs_double(acc, n * p->runs, p)) gstats_runs_pd(dy, x, n, p->runs, st, p, acc, 0);
 }
 
 static void gapply_runs_f32(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)

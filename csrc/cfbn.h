@@ -122,7 +122,11 @@ typedef struct {
  * the pre-activation to a block buffer, the activation pass reads it back
  * from L1, so memory still sees one read of x (and side) and one write of y.
  * Differences x - mhi - mlo are formed in the compute type (float for f32 and
- * f16, double for f64); products for sums are formed and summed in double. */
+ * f16, double for f64); products for sums are formed and summed in double.
+ * A kernel may instead sum small blocks in float where that is faster, if it
+ * sums again in double every column (or run) whose float sums left float's
+ * range: sums must not overflow, or lose bits below 2^-126, where the
+ * double sums do not (bn_avx2.c: needs_double). */
 typedef struct cfbn_kernels {
     const char *name;
 

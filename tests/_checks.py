@@ -201,17 +201,23 @@ def forward_bounds(x, scale, offset, mean, variance, ref, *, epsilon, data_forma
                 "reserve_space_1": 8 * u * size,
                 "reserve_space_2": 8 * u * var + (u * size) ** 2,
             }
-            # statistics a few units off move y by a few units of |x - mu| * alpha
+            # statistics a few units off move y by a few units of |x - mu| * alpha;
+            # the mean's own error, a fraction of a unit of sigma (blocks of
+            # x - mu summed in float), moves it by that times alpha even where
+            # x is the mean
             stat_weight = 4.0
+            mean_err = sigma
         else:
             # inference passes the given statistics through unchanged
             bounds = dict.fromkeys(names, 0.0)
             stat_weight = 0.0
+            mean_err = 0.0
         alpha = bc(np.abs(np.asarray(scale, np.float64)) / np.sqrt(var + epsilon))
         # y = (x - mu) * alpha + beta: alpha = scale / sqrt(var + eps) takes a few
         # roundings; then rounding mu and beta = offset - mu * alpha, and y itself
         bounds["y"] = u * (
-            alpha * (np.abs(xd) + 2 * np.abs(bc(mu)) + (2 + stat_weight) * np.abs(xd - bc(mu)))
+            alpha * (np.abs(xd) + 2 * np.abs(bc(mu)) + bc(mean_err)
+                     + (2 + stat_weight) * np.abs(xd - bc(mu)))
             + np.abs(bc(offset))
             + np.abs(ref.y)
         )

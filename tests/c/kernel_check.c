@@ -1,5 +1,6 @@
 /* Compares every kernel of an ISA table with the scalar reference table on
- * random data.
+ * random data, including data at both ends of the exponent range (see
+ * case_make's scenarios).
  *
  *   - Inputs (data and parameter arrays) end exactly at a page boundary
  *     followed by a PROT_NONE page, so any read past the end faults.
@@ -201,7 +202,20 @@ static void *alloc_param(tcase *t, int slot, const double *v, int64_t w)
 /* scenario 0: mean 0, std 1, shift and mean at the data
  *          1: mean 1e4, std 1, shift and mean at the data
  *          2: mean 1e4, std 1, shift and mean far (0)
- *          3: mean -3, std 50, shift a sample, mean slightly off */
+ *          3: mean -3, std 50, shift a sample, mean slightly off
+ * and the ends of the exponent range, where sums, squares and products
+ * formed in float leave float's range while the double sums do not (half
+ * data are scaled to half's range instead, where float sums cannot):
+ *          4: std 2^62, dy about 2^64: squares and products beyond 2^128
+ *          5: x uniform in +-3e38, shift and mean 0: block sums overflow
+ *          6: mean and std 2^-70, dy about 2^-60: squares and products
+ *             below 2^-126, where float keeps only part of their bits
+ *          7: |dy| about 2^125, the sign flipping every 16 rows (runs: 256
+ *             elements): float block sums of dy overflow, the total not
+ * Parameters scale with the std (mean offset, a, and b from scenario 4 on),
+ * so that outputs stay near 1. */
+#define SCENARIOS 8
+
 static void case_make(tcase *t, int dt, int rows_kind, int64_t rows, int64_t w, int scenario)
 {
     memset(t, 0, sizeof *t);
@@ -211,18 +225,31 @@ static void case_make(tcase *t, int dt, int rows_kind, int64_t rows, int64_t w, 
     t->w = w;
     t->n = rows * w;
     int64_t np = rows_kind ? w : 1;
-    double base = scenario == 0 ? 0.0 : scenario == 3 ? -3.0 : 1e4;
-    double sd = scenario == 3 ? 50.0 : 1.0;
+    int half = dt == CFBN_F16;
+    double base = scenario == 0 || scenario >= 4 ? 0.0 : scenario == 3 ? -3.0 : 1e4;
+    double sd = scenario == 3 ? 50.0 : 1.0, dys = 0.5, dyo = 0.01;
+    if (scenario == 4) sd = half ? 0x1p12 : 0x1p62, dys = half ? 4.0 : 0x1p64, dyo = 0.0;
+    if (scenario == 5) sd = half ? 3.5e4 : 1.7e38;
+    if (scenario == 6) sd = half ? 0x1p-14 : 0x1p-70, dys = half ? 0x1p-14 : 0x1p-60, dyo = 0.0;
+    if (scenario == 7) dys = half ? 0x1p14 : 0x1p125, dyo = 0.0;
 
     t->x = alloc_guarded((size_t)t->n * esize[dt], &t->rg[0]);
     t->dy = alloc_guarded((size_t)t->n * esize[dt], &t->rg[1]);
     t->side = alloc_guarded((size_t)t->n * esize[dt], &t->rg[8]);
     double *colmean = malloc(sizeof(double) * (size_t)(np + 1));
     for (int64_t j = 0; j < np; j++) colmean[j] = base * (1.0 + 0.001 * (double)(j % 7)) + 0.1 * (double)j;
+    if (scenario == 6)
+        for (int64_t j = 0; j < np; j++) colmean[j] *= sd;
     for (int64_t i = 0; i < t->n; i++) {
         int64_t j = rows_kind ? i % w : 0;
-        put(dt, t->x, i, colmean[j] + sd * rng_normal());
-        put(dt, t->dy, i, 0.5 * rng_normal() + 0.01);
+        if (scenario == 5) put(dt, t->x, i, (2.0 * rng_uniform() - 1.0) * (half ? 6e4 : 3e38));
+        else put(dt, t->x, i, colmean[j] + sd * rng_normal());
+        if (scenario == 7) {
+            int64_t block = rows_kind ? i / w / 16 : i / 256;
+            put(dt, t->dy, i, (block & 1 ? -dys : dys) * (1.0 + 0.5 * rng_uniform()));
+        } else {
+            put(dt, t->dy, i, dys * rng_normal() + dyo);
+        }
         put(dt, t->side, i, 1.5 * rng_normal());
     }
 
@@ -231,10 +258,10 @@ static void case_make(tcase *t, int dt, int rows_kind, int64_t rows, int64_t w, 
     double *a = malloc(sizeof(double) * (size_t)(np + 1)), *b = malloc(sizeof(double) * (size_t)(np + 1));
     double *c = malloc(sizeof(double) * (size_t)(np + 1));
     for (int64_t j = 0; j < np; j++) {
-        double m = colmean[j] + (scenario == 3 ? 0.37 * sd : 0.01 * rng_normal());
-        if (scenario == 2) m = 0.0;
+        double m = colmean[j] + (scenario == 3 ? 0.37 * sd : 0.01 * sd * rng_normal());
+        if (scenario == 2 || scenario == 5) m = 0.0;
         /* scenario 1 also gives shifts no float can hold exactly */
-        sh[j] = scenario == 2 ? 0.0
+        sh[j] = scenario == 2 || scenario == 5 ? 0.0
               : scenario == 1 ? colmean[j] + sd * rng_normal()
                               : (double)(float)(colmean[j] + sd * rng_normal());
         if (dt == CFBN_F64) {
@@ -245,7 +272,7 @@ static void case_make(tcase *t, int dt, int rows_kind, int64_t rows, int64_t w, 
             ml[j] = (float)(m - (double)(float)m);
         }
         a[j] = (0.5 + rng_uniform()) / sd;
-        b[j] = rng_normal();
+        b[j] = rng_normal() / (scenario >= 4 ? sd : 1.0);
         c[j] = 0.1 * rng_normal();
     }
     t->shift = alloc_guarded((size_t)np * sizeof(double), &t->rg[2]);
@@ -727,7 +754,7 @@ static void check_table(const cfbn_kernels *k)
     static const int64_t ws[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 20, 24, 31, 32, 33, 36, 64, 100, 257, 1000};
     long before_pass = n_pass, before_fail = n_fail;
     for (int dt = 0; dt < 3; dt++) {
-        for (int s = 0; s < 4; s++) {
+        for (int s = 0; s < SCENARIOS; s++) {
             for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) check_case(k, dt, 0, ns[a], 1, s);
             for (size_t a = 0; a < sizeof rows / sizeof *rows; a++)
                 for (size_t b = 0; b < sizeof ws / sizeof *ws; b++) check_case(k, dt, 1, rows[a], ws[b], s);
