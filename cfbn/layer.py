@@ -226,6 +226,9 @@ class BatchNorm:
         self._batch_variance = np.zeros(c, vdt)
         self._eval_mean = np.zeros(c, vdt)
         self._eval_variance = np.zeros(c, vdt)
+        # where an inference call puts its batch_mean and batch_variance, which are
+        # not the running statistics there (NaN for an empty batch, as TensorFlow)
+        self._eval_stats = (np.zeros(c, vdt), np.zeros(c, vdt))
         # shape -> [training y, inference y, dx, side input grad], each made when first
         # needed; in least recently used order, and the most recent one also apart, so that
         # a loop over one shape finds it with one comparison.
@@ -394,7 +397,10 @@ class BatchNorm:
             mean, variance = self._eval_mean, self._eval_variance
         if y is None:
             y = bufs[0 if training else 1] = np.empty(shape, self._dtype)
-        out = (y, self.moving_mean, self.moving_variance, mean, variance)
+        if training:
+            out = (y, self.moving_mean, self.moving_variance, mean, variance)
+        else:
+            out = (y, self._eval_stats[0], self._eval_stats[1], mean, variance)
         fused_batch_norm(x, self.scale, self.offset, self.moving_mean, self.moving_variance,
                          epsilon=self._epsilon, exponential_avg_factor=self._factor,
                          data_format=self._data_format, is_training=training, out=out,

@@ -513,3 +513,19 @@ def test_release_buffers():
 def test_constructor_numbers_beyond_the_float_range(name):
     with pytest.raises(ValueError, match=name):
         cfbn.BatchNorm(4, **{name: 10 ** 400})
+
+
+def test_inference_on_an_empty_batch_keeps_the_running_statistics():
+    """An empty inference batch's statistics are NaN (as TensorFlow's); they
+    must not reach the layer's running statistics."""
+    bn = cfbn.BatchNorm(3)
+    bn.forward(np.random.default_rng(0).standard_normal((4, 2, 2, 3)).astype(np.float32))
+    mean, var = bn.moving_mean.copy(), bn.moving_variance.copy()
+    y = bn.forward(np.zeros((0, 2, 2, 3), np.float32), training=False)
+    assert y.shape == (0, 2, 2, 3)
+    np.testing.assert_array_equal(bn.moving_mean, mean)
+    np.testing.assert_array_equal(bn.moving_variance, var)
+    x = np.ones((2, 2, 2, 3), np.float32)
+    want = cfbn.fused_batch_norm(x, bn.scale, bn.offset, mean, var, epsilon=bn.epsilon,
+                                 is_training=False).y
+    np.testing.assert_array_equal(bn.forward(x, training=False), want)
