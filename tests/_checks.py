@@ -7,10 +7,11 @@ ill-conditioned, never merely because its values are large.
 """
 
 import zlib
+from contextlib import contextmanager
 
 import numpy as np
 
-from cfbn import reference
+from cfbn import _kernels, reference
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -31,6 +32,17 @@ SHAPES = [
     (1, 1, 5),
     (0, 7, 8),
 ]
+
+
+@contextmanager
+def selected(isa):
+    """Make `isa` the active kernel table inside the block."""
+    previous = _kernels.selected_isa()
+    _kernels.select_isa(isa)
+    try:
+        yield
+    finally:
+        _kernels.select_isa(previous)
 
 
 def seed_of(*parts):

@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cfbn  # noqa: E402
 import hypothesis_profiles  # noqa: E402,F401
-from cfbn import _kernels  # noqa: E402
+from _checks import selected  # noqa: E402
 
 SUPPORTED_ISAS = list(cfbn.runtime_info()["supported_isas"])
 
@@ -17,9 +17,5 @@ SUPPORTED_ISAS = list(cfbn.runtime_info()["supported_isas"])
 @pytest.fixture(params=SUPPORTED_ISAS)
 def isa(request):
     """Run the test once per kernel table this CPU can execute."""
-    previous = _kernels.selected_isa()
-    _kernels.select_isa(request.param)
-    try:
+    with selected(request.param):
         yield request.param
-    finally:
-        _kernels.select_isa(previous)

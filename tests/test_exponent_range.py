@@ -14,13 +14,12 @@ the output type: every output is rounded to it once, and below the smallest
 normal number that rounding is larger than the relative bounds.
 """
 
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
 
 import cfbn
-from cfbn import _kernels, reference
+from cfbn import reference
 
 from _checks import (
     assert_close,
@@ -29,6 +28,7 @@ from _checks import (
     make_shape,
     per_channel_view,
     random_vectors,
+    selected,
     vector_dtype,
 )
 
@@ -41,16 +41,6 @@ FORMATS = ["NHWC", "NCHW", "NC"]
 FLOAT_MAX = {np.dtype(np.float32): float(np.finfo(np.float32).max),
              np.dtype(np.float16): float(np.finfo(np.float16).max)}
 FWD_VECTORS = ("batch_mean", "batch_variance", "reserve_space_1", "reserve_space_2")
-
-
-@contextmanager
-def selected(isa):
-    previous = _kernels.selected_isa()
-    _kernels.select_isa(isa)
-    try:
-        yield
-    finally:
-        _kernels.select_isa(previous)
 
 
 def finite_in(values, dtype):

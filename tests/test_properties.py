@@ -11,7 +11,6 @@ The run length comes from the Hypothesis profile (tests/hypothesis_profiles.py):
 
 import math
 import re
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from hypothesis import assume, given, note  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import cfbn  # noqa: E402
-from cfbn import _kernels, reference  # noqa: E402
+from cfbn import reference  # noqa: E402
 
 from _checks import (  # noqa: E402
     DTYPES,
@@ -32,6 +31,7 @@ from _checks import (  # noqa: E402
     per_channel_view,
     random_vectors,
     random_x,
+    selected,
     vector_dtype,
 )
 
@@ -44,16 +44,6 @@ MAX_ELEMS = 6000
 ARRANGEMENTS = ["C", "F", "reversed", "strided", "transposed", "unaligned", "readonly"]
 VECTOR_ARRANGEMENTS = ["C", "reversed", "strided", "unaligned", "readonly"]
 PATTERNS = ["normal", "offset", "tiny", "constant", "integers"]
-
-
-@contextmanager
-def selected(isa):
-    previous = _kernels.selected_isa()
-    _kernels.select_isa(isa)
-    try:
-        yield
-    finally:
-        _kernels.select_isa(previous)
 
 
 def arrange(a, how, axis=0, perm=None):
