@@ -45,6 +45,18 @@ def compute(n_threads=None):
 def child(n_threads):
     info = cfbn.runtime_info()
     return compute(n_threads), info["forked_child"], info["max_threads"]
+
+def forked(body):
+    # body() runs in a child made by os.fork(); its return value is the exit code
+    pid = os.fork()
+    if pid == 0:
+        code = 5
+        try:
+            code = body()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
 """
 
 
@@ -66,20 +78,17 @@ needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on t
 def test_os_fork_after_threaded_calls(tmp_path):
     out = run(tmp_path, """
         want = compute(2)
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                for nt in (None, 2, 1):
-                    got, forked, threads = child(nt)
-                    if got != want:
-                        code = 3
-                    if not forked or threads != 1:
-                        code = 4
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        print("child", os.waitstatus_to_exitcode(status))
+
+        def check():
+            for nt in (None, 2, 1):
+                got, forked_child, threads = child(nt)
+                if got != want:
+                    return 3
+                if not forked_child or threads != 1:
+                    return 4
+            return 0
+
+        print("child", forked(check))
         print("parent", cfbn.runtime_info()["forked_child"], compute(2) == want)
         """)
     assert "child 0" in out
@@ -90,19 +99,7 @@ def test_os_fork_after_threaded_calls(tmp_path):
 def test_fork_in_a_fork_child(tmp_path):
     out = run(tmp_path, """
         want = compute(2)
-        pid = os.fork()
-        if pid == 0:
-            code = 5
-            try:
-                inner = os.fork()
-                if inner == 0:
-                    os._exit(0 if child(None)[0] == want else 3)
-                _, status = os.waitpid(inner, 0)
-                code = os.waitstatus_to_exitcode(status)
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        print("child", os.waitstatus_to_exitcode(status))
+        print("child", forked(lambda: forked(lambda: 0 if child(None)[0] == want else 3)))
         """)
     assert "child 0" in out
 
