@@ -343,6 +343,18 @@ COLD void gstats_column_pd(const void *dy, const void *x, int64_t rows, int64_t 
     }
 }
 
+/* Each of w columns whose float gradient sums (acc[j], acc[w + j] over
+ * rows) need double, as needs_double decides, summed again. */
+INLINE void gstats_redo_columns(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                                double *acc, int half)
+{
+    for (int64_t j = 0; j < w; j++) {
+        int redo = needs_double(acc[j], acc[w + j], (double)rows, fabs(p->mhi[j]),
+                                finite_f(p->mhi[j]) && finite_f(p->mlo[j]));
+        if (redo) gstats_column_pd(dy, x, rows, w, j, p->mhi[j], p->mlo[j], redo, acc + j, acc + w + j, half);
+    }
+}
+
 /* ---- f32 / f16 flat streams: 8-element blocks with an even index use the
  * first parameter set, odd blocks the second ---- */
 
@@ -659,13 +671,7 @@ INLINE void gstats_rows8_ps(const void *dy, const void *x, int64_t rows, int64_t
             add_block(acc, w, j, g, _mm256_mul_ps(g, centered_ps(ld8(x, r * w + j, half), m, l)));
         }
     }
-    if (any_suspect(acc, w, (double)rows)) {
-        for (int64_t j = 0; j < w; j++) {
-            int redo = needs_double(acc[j], acc[w + j], (double)rows, fabs(p->mhi[j]),
-                                    finite_f(p->mhi[j]) && finite_f(p->mlo[j]));
-            if (redo) gstats_column_pd(dy, x, rows, w, j, p->mhi[j], p->mlo[j], redo, acc + j, acc + w + j, half);
-        }
-    }
+    if (any_suspect(acc, w, (double)rows)) gstats_redo_columns(dy, x, rows, w, p, acc, half);
 }
 
 INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int half)
@@ -829,11 +835,7 @@ INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t 
         acc8_store(&b, s1 + 8, s2 + 8);
         fold_lanes(s1, 16, w, acc);
         fold_lanes(s2, 16, w, acc + w);
-        for (int64_t j = 0; rows * w >= 128 && j < w; j++) {
-            int redo = needs_double(acc[j], acc[w + j], (double)rows, fabs(p->mhi[j]),
-                                    finite_f(p->mhi[j]) && finite_f(p->mlo[j]));
-            if (redo) gstats_column_pd(dy, x, rows, w, j, p->mhi[j], p->mlo[j], redo, acc + j, acc + w + j, half);
-        }
+        if (rows * w >= 128) gstats_redo_columns(dy, x, rows, w, p, acc, half);
         return;
     }
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
