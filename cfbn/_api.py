@@ -277,18 +277,12 @@ GRAD_IN_PLACE = frozenset([("x_backprop", "y_backprop"), ("x_backprop", "x"),
 def _outputs(out, fields, specs, inputs, in_place=frozenset()):
     """Allocate or check the output arrays.
 
-    `specs` gives (shape, dtype) per field.  A caller's array must be an
-    ndarray of exactly that shape and dtype, C-contiguous and writeable.  Its
-    memory must not meet an input's or another output's, except that a
-    (field, input name) pair of `in_place` may be the same memory, of the
-    same shape and dtype.
+    `specs` gives (shape, dtype) per field; each caller's array is checked by
+    `_given_output`, and no two of them may share memory.
 
     Returns (arrays, write_back): the arrays to hand the kernels, one per
-    field, and (caller's array, temporary) pairs to copy once the kernels
-    have run: an output that is not aligned to its dtype is computed in an
-    aligned temporary (the kernels store whole elements, and SIMD stores
-    would fault on such an address), as a misaligned input is read through
-    an aligned copy.
+    field, and (caller's array, temporary) pairs for `_write_back` once the
+    kernels have run.
     """
     if out is None:
         return [_kernels.empty_output(shape, dtype) for shape, dtype in specs], ()
@@ -299,27 +293,40 @@ def _outputs(out, fields, specs, inputs, in_place=frozenset()):
             result.append(_kernels.empty_output(shape, dtype))
             continue
         name = "out[%r]" % field
-        if not isinstance(a, np.ndarray):
-            if _is_cupy(a):
-                raise _mixed(name, "the input x")
-            raise TypeError("%s: expected a numpy array, got %s" % (name, type(a).__name__))
-        _check_out_array(a, name, shape, dtype)
-        if not a.flags.writeable:
-            raise ValueError("%s: array is read-only" % name)
-        for iname, b in inputs:
-            if b is not None:
-                _check_alias(name, field, a, iname, b, in_place,
-                             _kernels.touches(a, b), _kernels.overlaps(a, b))
+        target = _given_output(a, name, field, shape, dtype, inputs, in_place)
         for prev_field, prev in checked:
             if _kernels.touches(a, prev):
                 raise ValueError("%s: shares memory with out[%r]" % (name, prev_field))
         checked.append((field, a))
-        if not a.flags.aligned:
-            write_back.append((a, len(result)))
-            result.append(_kernels.empty_output(shape, dtype))
-        else:
-            result.append(a)
-    return result, [(a, result[i]) for a, i in write_back]
+        if target is not a:
+            write_back.append((a, target))
+        result.append(target)
+    return result, write_back
+
+
+def _given_output(a, name, field, shape, dtype, inputs, in_place):
+    """Check a caller's output array; returns the array the kernels write.
+
+    `a` must be an ndarray of exactly that shape and dtype, C-contiguous and
+    writeable.  Its memory must not meet an input's (name, array), except
+    that a (field, input name) pair of `in_place` may be the same memory, of
+    the same shape and dtype.  An array not aligned to its dtype is computed
+    in an aligned temporary, returned instead (the kernels store whole
+    elements, and SIMD stores would fault on such an address), as a
+    misaligned input is read through an aligned copy.
+    """
+    if not isinstance(a, np.ndarray):
+        if _is_cupy(a):
+            raise _mixed(name, "the input x")
+        raise TypeError("%s: expected a numpy array, got %s" % (name, type(a).__name__))
+    _check_out_array(a, name, shape, dtype)
+    if not a.flags.writeable:
+        raise ValueError("%s: array is read-only" % name)
+    for iname, b in inputs:
+        if b is not None:
+            _check_alias(name, field, a, iname, b, in_place,
+                         _kernels.touches(a, b), _kernels.overlaps(a, b))
+    return a if a.flags.aligned else _kernels.empty_output(shape, dtype)
 
 
 def _check_alias(name, field, a, iname, b, in_place, touches, partial):
@@ -339,15 +346,13 @@ def _check_alias(name, field, a, iname, b, in_place, touches, partial):
                         if allowed else ""))
 
 
-def _write_back(pairs):
-    """Copy outputs computed in temporaries into the caller's arrays."""
+def _write_back(arrays, pairs):
+    """Copy the outputs computed in temporaries into the caller's arrays;
+    returns `arrays` with the caller's arrays in place of the temporaries."""
     for dest, tmp in pairs:
         np.copyto(dest, tmp)
-
-
-def _given_or(out, fields, arrays):
-    """The caller's out= arrays where given, else the ones allocated."""
-    return [g if g is not None else a for g, a in zip(_out_given(out, fields), arrays)]
+    caller = {id(tmp): dest for dest, tmp in pairs}
+    return [caller.get(id(a), a) for a in arrays]
 
 
 def _out_given(out, fields):
@@ -470,8 +475,7 @@ def fused_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4
         _kernels.forward_inference(dt, layout, outer, channels, inner, nt, x, scale, offset,
                                    mean, variance, eps, y, bm, bv, rs1, rs2, fusion)
     if write_back:
-        _write_back(write_back)
-        y, bm, bv, rs1, rs2 = _given_or(out, BatchNormOutput._fields, (y, bm, bv, rs1, rs2))
+        y, bm, bv, rs1, rs2 = _write_back((y, bm, bv, rs1, rs2), write_back)
     return BatchNormOutput(y, bm, bv, rs1, rs2)
 
 
@@ -557,8 +561,7 @@ def fused_batch_norm_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2
     _kernels.backward(dt, layout, outer, channels, inner, nt, training, dy, x, scale,
                       mu, var, eps, dx, dscale, doffset, fusion)
     if write_back:
-        _write_back(write_back)
-        outs = _given_or(out, result_type._fields, outs)
+        outs = _write_back(outs, write_back)
     return result_type(*outs)
 
 

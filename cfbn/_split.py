@@ -13,8 +13,8 @@ from collections import namedtuple
 import numpy as np
 
 from . import _kernels
-from ._api import (_as_array, _check_alias, _check_out_array, _contiguous, _epsilon, _index,
-                   _is_cupy, _layout, _short, _tensor, _threads, _vector)
+from ._api import (_as_array, _contiguous, _epsilon, _given_output, _index, _is_cupy, _layout,
+                   _short, _tensor, _threads, _vector)
 
 _F64 = np.dtype(np.float64)
 _STAT_DTYPES = (np.dtype(np.float32), _F64)
@@ -78,27 +78,18 @@ def _count(count, name):
 
 
 def _result(out, x, inputs, in_place):
-    """The output array for the kernels and what to copy back afterwards.
+    """The output array for the kernels and the caller's array to copy it
+    into afterwards (None when the kernels write the caller's array).
 
-    A new array, or the caller's `out` after checking it against the inputs
-    (name, array) by cfbn._api's rules: it may be exactly the memory of an
-    input named in `in_place`, no other.  A caller's array that is not
-    aligned to its dtype is computed in an aligned temporary and copied in.
+    A new array, or the caller's `out` checked against the inputs (name,
+    array) by cfbn._api's rules: it may be exactly the memory of an input
+    named in `in_place`, no other.
     """
     if out is None:
         return _kernels.empty_output(x.shape, x.dtype), None
-    if not isinstance(out, np.ndarray):
-        raise TypeError("out: expected a numpy array, got %s" % type(out).__name__)
-    _check_out_array(out, "out", x.shape, x.dtype)
-    if not out.flags.writeable:
-        raise ValueError("out: array is read-only")
-    allowed = frozenset(("out", name) for name in in_place)
-    for name, a in inputs:
-        _check_alias("out", "out", out, name, a, allowed, _kernels.touches(out, a),
-                     _kernels.overlaps(out, a))
-    if not out.flags.aligned:
-        return _kernels.empty_output(x.shape, x.dtype), out
-    return out, None
+    target = _given_output(out, "out", "out", x.shape, x.dtype, inputs,
+                           frozenset(("out", name) for name in in_place))
+    return target, (None if target is out else out)
 
 
 def _finish(result, dest):
