@@ -16,6 +16,7 @@
 #include "cfbn.h"
 #include "half.h"
 #include "bn_runs.h"
+#include "bn_math.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -763,24 +764,11 @@ static double *make_shift(const plan *p, const cfbn_shape *s, const void *x)
 
 /* ---- per-channel arithmetic shared by the fused and the split calls ---- */
 
-/* Mean and sum of squared deviations from a channel's shifted sums. */
-static void channel_moments(int64_t n, double shift, double s1, double s2, double *mean, double *m2)
-{
-    if (n == 0) {
-        *mean = *m2 = NAN;
-        return;
-    }
-    double dn = (double)n;
-    double m = s2 - s1 * (s1 / dn);
-    *mean = shift + s1 / dn;
-    *m2 = m < 0.0 ? 0.0 : m;
-}
-
 /* Normalization parameters of channel c from its mean and variance. */
 static void set_apply_params(params *pp, int64_t c, double mean, double var, double gamma, double beta,
                              double epsilon)
 {
-    double r = 1.0 / sqrt(var + epsilon);
+    double r = cfbn_rstd(var, epsilon);
     params_set_mean(pp, P_MHI, P_MLO, c, mean);
     params_set(pp, P_ALPHA, c, gamma * r);
     params_set(pp, P_BETA, c, beta);
@@ -788,21 +776,15 @@ static void set_apply_params(params *pp, int64_t c, double mean, double var, dou
 
 /* Gradient parameters of channel c: dx = dy*a + (x - mean)*b + c, where
  * count is the number of elements the statistics were taken over (the whole
- * batch, which for a synchronized batch norm is more than this tensor).
- * One element per channel in training: a = c = 0 (cfbn_grad_params in
- * bn_math.h says why). */
-static void set_grad_params(params *pp, int64_t c, int training, double count, double gamma, double r,
+ * batch, which for a synchronized batch norm is more than this tensor). */
+static void set_grad_params(params *pp, int64_t c, int training, int64_t count, double gamma, double r,
                             double sum_dy, double sum_dy_xhat)
 {
-    int one = training && count == 1.0;
-    params_set(pp, G_A, c, one ? 0.0 : gamma * r);
-    if (training && count > 0) {
-        params_set(pp, G_B, c, -gamma * r * r * sum_dy_xhat / count);
-        params_set(pp, G_C, c, one ? 0.0 : -gamma * r * sum_dy / count);
-    } else {
-        params_set(pp, G_B, c, 0.0);
-        params_set(pp, G_C, c, 0.0);
-    }
+    double ga, gb, gc;
+    cfbn_grad_coeffs(training, (long long)count, gamma, r, sum_dy, sum_dy_xhat, &ga, &gb, &gc);
+    params_set(pp, G_A, c, ga);
+    params_set(pp, G_B, c, gb);
+    params_set(pp, G_C, c, gc);
 }
 
 /* ---- forward ---- */
@@ -825,15 +807,9 @@ static void forward_channel(const plan *p, const fwd_args *a, params *pp, int64_
     double f = a->factor;
     double run_mean = f != 1.0 ? vec_get(a->mean, dt, c) : 0.0;
     double run_var = f != 1.0 ? vec_get(a->variance, dt, c) : 0.0;
-    double n = (double)p->n, mu, m2;
-    channel_moments(p->n, shift, s1, s2, &mu, &m2);
-    double var = m2 / n;
-    double unbiased = p->n > 1 ? var * (n / (n - 1.0)) : var;
-    double bm = mu, bv = unbiased;
-    if (f != 1.0) {
-        bm = (1.0 - f) * run_mean + f * mu;
-        bv = (1.0 - f) * run_var + f * unbiased;
-    }
+    double mu, m2, var, bm, bv;
+    cfbn_mean_m2(shift, s1, s2, p->n, &mu, &m2);
+    cfbn_train_stats(p->n, mu, m2, f, run_mean, run_var, &var, &bm, &bv);
     vec_set(a->batch_mean, dt, c, bm);
     vec_set(a->batch_variance, dt, c, bv);
     vec_set(a->saved_mean, dt, c, mu);
@@ -959,12 +935,26 @@ int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x, d
         pass st = { k, &p, &pp, PASS_STATS, x, NULL, NULL, NULL, NULL };
         rc = run_pass(&st, shift, thread_count(s), sums);
         for (int64_t c = 0; rc == 0 && c < p.C; c++)
-            channel_moments(p.n, shift[c], sums[2 * c], sums[2 * c + 1], &mean[c], &m2[c]);
+            cfbn_mean_m2(shift[c], sums[2 * c], sums[2 * c + 1], p.n, &mean[c], &m2[c]);
     }
     free(shift);
     free(sums);
     params_free(&pp);
     return rc;
+}
+
+void cfbn_train_statistics(int64_t channels, int64_t count, const double *mean, const double *m2,
+                           double factor, const double *running_mean, const double *running_variance,
+                           double *variance, double *batch_mean, double *batch_variance)
+{
+    for (int64_t c = 0; c < channels; c++) {
+        double rm = factor != 1.0 ? running_mean[c] : 0.0, rv = factor != 1.0 ? running_variance[c] : 0.0;
+        double mu = mean[c], v, bm, bv;
+        cfbn_train_stats(count, mu, m2[c], factor, rm, rv, &v, &bm, &bv);
+        variance[c] = v;
+        batch_mean[c] = bm;
+        batch_variance[c] = bv;
+    }
 }
 
 int cfbn_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *x, const void *scale,
@@ -985,7 +975,7 @@ typedef struct {
 
 static double inv_std(const bwd_args *a, int64_t c)
 {
-    return 1.0 / sqrt(vec_get(a->saved_variance, a->stats_dt, c) + a->epsilon);
+    return cfbn_rstd(vec_get(a->saved_variance, a->stats_dt, c), a->epsilon);
 }
 
 /* Turn a channel's gradient sums into its outputs and apply parameters. */
@@ -1000,7 +990,7 @@ static void backward_channel(const plan *p, const bwd_args *a, params *pp, int64
     double scale_bp = p->n > 0 ? sum_dy_xc * r : 0.0;
     vec_set(a->scale_backprop, a->stats_dt == CFBN_F64 ? CFBN_F64 : dt, c, scale_bp);
     vec_set(a->offset_backprop, a->stats_dt == CFBN_F64 ? CFBN_F64 : dt, c, sum_dy);
-    set_grad_params(pp, c, a->training, (double)p->n, gamma, r, sum_dy, scale_bp);
+    set_grad_params(pp, c, a->training, p->n, gamma, r, sum_dy, scale_bp);
 }
 
 typedef struct {
@@ -1124,9 +1114,9 @@ int cfbn_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, 
     if (params_init(&pp, s->dtype, param_len(&p, s->layout), G_COUNT) < 0) return -1;
     pp.stream = stream_output(s, 3, STREAM_MIN_BYTES_GRAD);
     for (int64_t c = 0; c < p.C; c++) {
-        double r = 1.0 / sqrt(variance[c] + epsilon);
+        double r = cfbn_rstd(variance[c], epsilon);
         params_set_mean(&pp, G_MHI, G_MLO, c, mean[c]);
-        set_grad_params(&pp, c, 1, count, vec_get(scale, s->dtype, c), r, sum_dy[c], sum_dy_xhat[c]);
+        set_grad_params(&pp, c, 1, (int64_t)count, vec_get(scale, s->dtype, c), r, sum_dy[c], sum_dy_xhat[c]);
     }
     if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, G_COUNT, p.C);
     pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx, NULL, NULL };

@@ -104,20 +104,29 @@ CFBN_INLINE float cfbn_mean_lo_f(double mean)
     return (float)(mean - (double)(float)mean);
 }
 
-/* Mean and biased variance from the shifted sums of n elements; NaN for an
- * empty batch.  A sum of squares rounded below s1^2/n is clamped at 0. */
-CFBN_INLINE void cfbn_moments(double shift, double s1, double s2, long long n,
-                              double *mean, double *var)
+/* Mean and m2 = sum((x - mean)^2) from the shifted sums of n elements; NaN
+ * for an empty batch.  A sum of squares rounded below s1^2/n is clamped at 0. */
+CFBN_INLINE void cfbn_mean_m2(double shift, double s1, double s2, long long n,
+                              double *mean, double *m2)
 {
     if (n == 0) {
         *mean = CFBN_NAN_D;
-        *var = CFBN_NAN_D;
+        *m2 = CFBN_NAN_D;
         return;
     }
     double dn = (double)n;
-    double m2 = s2 - s1 * (s1 / dn);
+    double m = s2 - s1 * (s1 / dn);
     *mean = shift + s1 / dn;
-    *var = (m2 < 0.0 ? 0.0 : m2) / dn;
+    *m2 = m < 0.0 ? 0.0 : m;
+}
+
+/* Mean and biased variance from the shifted sums of n elements. */
+CFBN_INLINE void cfbn_moments(double shift, double s1, double s2, long long n,
+                              double *mean, double *var)
+{
+    double m2;
+    cfbn_mean_m2(shift, s1, s2, n, mean, &m2);
+    *var = m2 / (double)n;
 }
 
 /* Bessel-corrected variance; the factor n/(n-1) is taken as 1 when n <= 1. */
@@ -138,24 +147,36 @@ CFBN_INLINE double cfbn_rstd(double var, double epsilon)
     return 1.0 / sqrt(var + epsilon);
 }
 
+/* A channel's training statistics from its mean and m2 over n elements: the
+ * biased variance (the reserve space) and the running outputs, the mean and
+ * the Bessel-corrected variance averaged with factor f (cfbn_running).  An
+ * empty batch (m2 NaN) gives NaN. */
+CFBN_INLINE void cfbn_train_stats(long long n, double mean, double m2, double f, double run_mean,
+                                  double run_var, double *var, double *batch_mean, double *batch_var)
+{
+    double v = m2 / (double)n;
+    *var = v;
+    *batch_mean = cfbn_running(f, run_mean, mean);
+    *batch_var = cfbn_running(f, run_var, cfbn_unbiased(v, n));
+}
+
 /* Gradient parameters of one channel from its sums: scale_backprop and the
- * a, b, c of cfbn_grad_dx.  An empty batch has zero sums but a NaN variance;
- * its scale_backprop is the empty sum 0, not 0 * NaN.  In inference b = c = 0
+ * a, b, c of cfbn_grad_dx (cfbn_grad_coeffs: from sum_dy and
+ * sum_dy_xhat = scale_backprop, over all n elements of the batch).  An
+ * empty batch has zero sums but a NaN variance; its scale_backprop is the
+ * empty sum 0, not 0 * NaN.  In inference b = c = 0
  * and dx = dy * a.  With one element per channel in training, n * dy and
  * sum_dy are the same number, so a = c = 0 and dx = b * (x - mean): exactly 0
  * when mean is that element (as TensorFlow gives), where a * dy + c would
  * leave rounding noise of a few ulps of gamma * r * dy.  (A NaN or Inf in dy
  * still reaches dx through 0 * dy.) */
-CFBN_INLINE void cfbn_grad_params(int training, long long n, double gamma, double r,
-                                  double sum_dy, double sum_dy_xc, double *scale_bp,
-                                  double *a, double *b, double *c)
+CFBN_INLINE void cfbn_grad_coeffs(int training, long long n, double gamma, double r,
+                                  double sum_dy, double sum_dy_xhat, double *a, double *b, double *c)
 {
-    double sbp = n > 0 ? sum_dy_xc * r : 0.0;
-    *scale_bp = sbp;
     *a = gamma * r;
     if (training && n > 0) {
         double dn = (double)n;
-        *b = -gamma * r * r * sbp / dn;
+        *b = -gamma * r * r * sum_dy_xhat / dn;
         *c = -gamma * r * sum_dy / dn;
         if (n == 1) {
             *a = 0.0;
@@ -165,6 +186,15 @@ CFBN_INLINE void cfbn_grad_params(int training, long long n, double gamma, doubl
         *b = 0.0;
         *c = 0.0;
     }
+}
+
+CFBN_INLINE void cfbn_grad_params(int training, long long n, double gamma, double r,
+                                  double sum_dy, double sum_dy_xc, double *scale_bp,
+                                  double *a, double *b, double *c)
+{
+    double sbp = n > 0 ? sum_dy_xc * r : 0.0;
+    *scale_bp = sbp;
+    cfbn_grad_coeffs(training, n, gamma, r, sum_dy, sbp, a, b, c);
 }
 
 /* ---- fused activation and side input ----

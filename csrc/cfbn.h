@@ -238,6 +238,14 @@ int cfbn_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
  *                    `count` elements of the batch
  * Statistics then apply computes exactly what cfbn_forward_training does. */
 int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x, double *mean, double *m2);
+/* The training statistics of merged moments (count elements per channel, the
+ * mean and m2 of each, as cfbn_statistics gives them and merged across
+ * shards): the biased variance and the running outputs, computed as
+ * cfbn_forward_training computes them.  running_mean and running_variance are
+ * read only when factor != 1; an output may be the array an input came in. */
+void cfbn_train_statistics(int64_t channels, int64_t count, const double *mean, const double *m2,
+                           double factor, const double *running_mean, const double *running_variance,
+                           double *variance, double *batch_mean, double *batch_variance);
 int cfbn_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *x, const void *scale,
                const void *offset, const double *mean, const double *variance, double epsilon, void *y);
 int cfbn_grad_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, const void *x,
