@@ -18,7 +18,7 @@ from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 from setuptools.errors import CompileError, LinkError
 
-BASE_SOURCES = ["csrc/bn_scalar.c", "csrc/bn_driver.c", "csrc/dispatch.c", "csrc/out_cache.c"]
+BASE_SOURCES = ["csrc/bn_scalar.c", "csrc/bn_route.c", "csrc/bn_driver.c", "csrc/dispatch.c", "csrc/out_cache.c"]
 COMMON_FLAGS = ["-O3", "-std=c11", "-fno-math-errno", "-fvisibility=hidden"]
 
 

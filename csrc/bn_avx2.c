@@ -22,7 +22,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "bn_fuse.h"
+#include "bn_act.h"
+#include "half.h"
 
 #define INLINE static inline __attribute__((always_inline))
 /* the rarely taken ways back to double sums: out of line, so that the fast
@@ -948,8 +949,10 @@ INLINE int64_t peel16(const float *p, int64_t n)
     return k < n ? k : n;
 }
 
-static void apply_run_f32_nt(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
+static void apply_run_f32_nt(const void *x_, void *y_, int64_t n, const cfbn_apply_f32 *p)
 {
+    const float *x = x_;
+    float *y = y_;
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]);
     int64_t i = peel16(y, n);
@@ -965,8 +968,10 @@ static void apply_run_f32_nt(const float *x, float *y, int64_t n, const cfbn_app
 }
 
 /* rows of w (a multiple of 4) starting 16-byte aligned */
-static void apply_rows_f32_nt(const float *x, float *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+static void apply_rows_f32_nt(const void *x_, void *y_, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
 {
+    const float *x = x_;
+    float *y = y_;
     const int64_t full = w & ~(int64_t)7, cnt = w - full;
     __m256 tm = _mm256_setzero_ps(), tl = tm, ta = tm, tb = tm;
     if (cnt) {
@@ -988,8 +993,11 @@ static void apply_rows_f32_nt(const float *x, float *y, int64_t rows, int64_t w,
     _mm_sfence();
 }
 
-static void gapply_run_f32_nt(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
+static void gapply_run_f32_nt(const void *dy_, const void *x_, void *dx_, int64_t n, const cfbn_grad_f32 *p)
 {
+    const float *dy = dy_;
+    const float *x = x_;
+    float *dx = dx_;
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
     int64_t i = peel16(dx, n);
@@ -1003,9 +1011,12 @@ static void gapply_run_f32_nt(const float *dy, const float *x, float *dx, int64_
     _mm_sfence();
 }
 
-static void gapply_rows_f32_nt(const float *dy, const float *x, float *dx, int64_t rows, int64_t w,
+static void gapply_rows_f32_nt(const void *dy_, const void *x_, void *dx_, int64_t rows, int64_t w,
                                const cfbn_grad_f32 *p)
 {
+    const float *dy = dy_;
+    const float *x = x_;
+    float *dx = dx_;
     const int64_t full = w & ~(int64_t)7, cnt = w - full;
     __m256 tm = _mm256_setzero_ps(), tl = tm, ta = tm, tb = tm, tc = tm;
     if (cnt) {
@@ -1173,57 +1184,14 @@ INLINE void act_grad_loop_ps(float *t, const void *dy, const void *side, int64_t
     }
 }
 
-/* One loop per activation (bn_act.h: CFBN_ACT_SPECIALIZE). */
-static void act_f32(const float *t, const void *side, void *out, int64_t n, int half, int kind, float alpha)
-{
-#define ACT_LOOP(k) act_loop_ps(t, side, out, n, half, k, alpha)
-    CFBN_ACT_SPECIALIZE(kind, ACT_LOOP)
-#undef ACT_LOOP
-}
-
-static void act_grad_f32(float *t, const void *dy, const void *side, int64_t n, int half, int kind, float alpha)
-{
-#define ACT_GRAD_LOOP(k) act_grad_loop_ps(t, dy, side, n, half, k, alpha)
-    CFBN_ACT_SPECIALIZE(kind, ACT_GRAD_LOOP)
-#undef ACT_GRAD_LOOP
-}
-
-static void widen_f32(const void *src, float *dst, int64_t n, int half)
-{
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, ld8(src, i, half));
-    if (i < n) st_part(dst, i, ld_part(src, i, n - i, n - i, half), n - i, 0);
-}
-
-static void narrow_f32(const float *src, void *dst, int64_t n, int half)
-{
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) st8(dst, i, _mm256_loadu_ps(src + i), half);
-    if (i < n) st_part(dst, i, ld_part(src, i, n - i, n - i, 0), n - i, half);
-}
-
-/* defined at the end: the fused paths call back into the plain kernels */
-static const fuse_ops_f32 ops_f32;
-static const fuse_ops_f64 ops_f64;
-
-/* ---- float32 ---- */
-
-static void stats_run_f32(const float *x, int64_t n, double shift, double *acc)
-{
-    stats_run_ps(x, n, shift, acc, 0);
-}
-
-static void stats_rows_f32(const float *x, int64_t rows, int64_t w, const double *shift, double *acc)
-{
-    stats_rows_ps(x, rows, w, shift, acc, 0);
-}
-
 /* Several runs of one channel (cfbn.h: runs, stride) in one call, without the
  * fused or streaming variants: parameters broadcast once, and the gradient
  * sums stay in vector registers across runs, added up once at the end.
  * Each run first prefetches the next channel's (bn_runs.h). */
-static void apply_runs_f32(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
+static void apply_runs_f32(const void *x_, void *y_, int64_t n, const cfbn_apply_f32 *p)
 {
+    const float *x = x_;
+    float *y = y_;
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]);
     const __m256 q[8] = {m, l, a, b, m, l, a, b};
@@ -1241,8 +1209,10 @@ static void apply_runs_f32(const float *x, float *y, int64_t n, const cfbn_apply
  * L1 set, more than its 8 ways. */
 #define SHORT_RUN 256
 
-static void gstats_runs_f32(const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+static void gstats_runs_f32(const void *dy_, const void *x_, int64_t n, const cfbn_grad_f32 *p, double *acc)
 {
+    const float *dy = dy_;
+    const float *x = x_;
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     const __m256 q[4] = {m, l, m, l};
     __m256d s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd();
@@ -1290,8 +1260,11 @@ static void gstats_runs_f32(const float *dy, const float *x, int64_t n, const cf
     if (run_needs_double(acc, n * p->runs, p)) gstats_runs_pd(dy, x, n, p->runs, st, p, acc, 0);
 }
 
-static void gapply_runs_f32(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
+static void gapply_runs_f32(const void *dy_, const void *x_, void *dx_, int64_t n, const cfbn_grad_f32 *p)
 {
+    const float *dy = dy_;
+    const float *x = x_;
+    float *dx = dx_;
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
     const __m256 q[10] = {m, l, a, b, c, m, l, a, b, c};
@@ -1302,147 +1275,59 @@ static void gapply_runs_f32(const float *dy, const float *x, float *dx, int64_t 
     }
 }
 
-static void apply_run_f32(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
-{
-    if (p->runs > 1 && !p->stream && !fuse_apply_on_f32(p)) {
-        apply_runs_f32(x, y, n, p);
-        return;
-    }
-    if (runs_apply_f32(apply_run_f32, x, y, n, p)) return;
-    if (fuse_apply_on_f32(p)) {
-        fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 0);
-        return;
-    }
-    if (p->stream) apply_run_f32_nt(x, y, n, p);
-    else apply_run_ps(x, y, n, p, 0);
-}
+/* ---- float32 and float16 entries ---- */
 
-static void apply_rows_f32(const float *x, float *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+static void stats_run_f32(const void *x, int64_t n, double shift, double *acc) { stats_run_ps(x, n, shift, acc, 0); }
+static void stats_rows_f32(const void *x, int64_t rows, int64_t w, const double *shift, double *acc)
 {
-    if (fuse_apply_on_f32(p)) {
-        fuse_apply_f32(&ops_f32, x, y, rows, w, 0, p, 0);
-        return;
-    }
-    if (p->stream && rows_stream_ok(y, w)) apply_rows_f32_nt(x, y, rows, w, p);
-    else apply_rows_ps(x, y, rows, w, p, 0);
+    stats_rows_ps(x, rows, w, shift, acc, 0);
 }
-
-static void gstats_run_f32(const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+static void apply_run_f32(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p) { apply_run_ps(x, y, n, p, 0); }
+static void apply_rows_f32(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
 {
-    if (p->runs > 1 && !fuse_gstats_on_f32(p)) {
-        gstats_runs_f32(dy, x, n, p, acc);
-        return;
-    }
-    if (runs_gstats_f32(gstats_run_f32, dy, x, n, p, acc)) return;
-    if (fuse_gstats_on_f32(p)) {
-        fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 0);
-        return;
-    }
+    apply_rows_ps(x, y, rows, w, p, 0);
+}
+static void gstats_run_f32(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+{
     gstats_run_ps(dy, x, n, p, acc, 0);
 }
-
-static void gstats_rows_f32(const float *dy, const float *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
+static void gstats_rows_f32(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
 {
-    if (fuse_gstats_on_f32(p)) {
-        fuse_gstats_f32(&ops_f32, dy, x, rows, w, 0, p, acc, 0);
-        return;
-    }
     gstats_rows_ps(dy, x, rows, w, p, acc, 0);
 }
-
-static void gapply_run_f32(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
+static void gapply_run_f32(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
 {
-    if (p->runs > 1 && !p->stream && !fuse_gapply_on_f32(p)) {
-        gapply_runs_f32(dy, x, dx, n, p);
-        return;
-    }
-    if (runs_gapply_f32(gapply_run_f32, dy, x, dx, n, p)) return;
-    if (fuse_gapply_on_f32(p)) {
-        fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 0);
-        return;
-    }
-    if (p->stream) gapply_run_f32_nt(dy, x, dx, n, p);
-    else gapply_run_ps(dy, x, dx, n, p, 0);
+    gapply_run_ps(dy, x, dx, n, p, 0);
+}
+static void gapply_rows_f32(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
+{
+    gapply_rows_ps(dy, x, dx, rows, w, p, 0);
 }
 
-static void gapply_rows_f32(const float *dy, const float *x, float *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
-{
-    if (fuse_gapply_on_f32(p)) {
-        fuse_gapply_f32(&ops_f32, dy, x, dx, rows, w, 0, p, 0);
-        return;
-    }
-    if (p->stream && rows_stream_ok(dx, w)) gapply_rows_f32_nt(dy, x, dx, rows, w, p);
-    else gapply_rows_ps(dy, x, dx, rows, w, p, 0);
-}
-
-/* ---- float16 storage, float compute ---- */
-
-static void stats_run_f16(const uint16_t *x, int64_t n, double shift, double *acc)
-{
-    stats_run_ps(x, n, shift, acc, 1);
-}
-
-static void stats_rows_f16(const uint16_t *x, int64_t rows, int64_t w, const double *shift, double *acc)
+static void stats_run_f16(const void *x, int64_t n, double shift, double *acc) { stats_run_ps(x, n, shift, acc, 1); }
+static void stats_rows_f16(const void *x, int64_t rows, int64_t w, const double *shift, double *acc)
 {
     stats_rows_ps(x, rows, w, shift, acc, 1);
 }
-
-static void apply_run_f16(const uint16_t *x, uint16_t *y, int64_t n, const cfbn_apply_f32 *p)
+static void apply_run_f16(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p) { apply_run_ps(x, y, n, p, 1); }
+static void apply_rows_f16(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
 {
-    if (runs_apply_f16(apply_run_f16, x, y, n, p)) return;
-    if (fuse_apply_on_f32(p)) {
-        fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 1);
-        return;
-    }
-    apply_run_ps(x, y, n, p, 1);
-}
-
-static void apply_rows_f16(const uint16_t *x, uint16_t *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
-{
-    if (fuse_apply_on_f32(p)) {
-        fuse_apply_f32(&ops_f32, x, y, rows, w, 0, p, 1);
-        return;
-    }
     apply_rows_ps(x, y, rows, w, p, 1);
 }
-
-static void gstats_run_f16(const uint16_t *dy, const uint16_t *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+static void gstats_run_f16(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
 {
-    if (runs_gstats_f16(gstats_run_f16, dy, x, n, p, acc)) return;
-    if (fuse_gstats_on_f32(p)) {
-        fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 1);
-        return;
-    }
     gstats_run_ps(dy, x, n, p, acc, 1);
 }
-
-static void gstats_rows_f16(const uint16_t *dy, const uint16_t *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                            double *acc)
+static void gstats_rows_f16(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
 {
-    if (fuse_gstats_on_f32(p)) {
-        fuse_gstats_f32(&ops_f32, dy, x, rows, w, 0, p, acc, 1);
-        return;
-    }
     gstats_rows_ps(dy, x, rows, w, p, acc, 1);
 }
-
-static void gapply_run_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t n, const cfbn_grad_f32 *p)
+static void gapply_run_f16(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
 {
-    if (runs_gapply_f16(gapply_run_f16, dy, x, dx, n, p)) return;
-    if (fuse_gapply_on_f32(p)) {
-        fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 1);
-        return;
-    }
     gapply_run_ps(dy, x, dx, n, p, 1);
 }
-
-static void gapply_rows_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t rows, int64_t w,
-                            const cfbn_grad_f32 *p)
+static void gapply_rows_f16(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
 {
-    if (fuse_gapply_on_f32(p)) {
-        fuse_gapply_f32(&ops_f32, dy, x, dx, rows, w, 0, p, 1);
-        return;
-    }
     gapply_rows_ps(dy, x, dx, rows, w, p, 1);
 }
 
@@ -1612,8 +1497,9 @@ INLINE void lanes_pd(const double *v, int64_t w, __m256d *even, __m256d *odd)
     *odd = _mm256_loadu_pd(t + 4);
 }
 
-static void stats_run_f64(const double *x, int64_t n, double shift, double *acc)
+static void stats_run_f64(const void *x_, int64_t n, double shift, double *acc)
 {
+    const double *x = x_;
     __m256d s = _mm256_set1_pd(shift);
     const __m256d sh[2] = {s, s};
     acc4 a, b;
@@ -1622,8 +1508,9 @@ static void stats_run_f64(const double *x, int64_t n, double shift, double *acc)
     acc[1] = hsum_pd(_mm256_add_pd(a.s2, b.s2));
 }
 
-static void stats_rows_f64(const double *x, int64_t rows, int64_t w, const double *shift, double *acc)
+static void stats_rows_f64(const void *x_, int64_t rows, int64_t w, const double *shift, double *acc)
 {
+    const double *x = x_;
     if (w <= 0) return;
     if (8 % w == 0) {
         __m256d sh[2];
@@ -1676,25 +1563,20 @@ static void stats_rows_f64(const double *x, int64_t rows, int64_t w, const doubl
     }
 }
 
-static void apply_run_f64(const double *x, double *y, int64_t n, const cfbn_apply_f64 *p)
+static void apply_run_f64(const void *x_, void *y_, int64_t n, const cfbn_apply_f64 *p)
 {
-    if (runs_apply_f64(apply_run_f64, x, y, n, p)) return;
-    if (fuse_apply_on_f64(p)) {
-        fuse_apply_f64(&ops_f64, x, y, 1, n, 1, p);
-        return;
-    }
+    const double *x = x_;
+    double *y = y_;
     __m256d m = _mm256_set1_pd(p->mhi[0]), l = _mm256_set1_pd(p->mlo[0]);
     __m256d a = _mm256_set1_pd(p->alpha[0]), b = _mm256_set1_pd(p->beta[0]);
     const __m256d q[8] = {m, l, a, b, m, l, a, b};
     apply_flat_pd(x, y, n, q);
 }
 
-static void apply_rows_f64(const double *x, double *y, int64_t rows, int64_t w, const cfbn_apply_f64 *p)
+static void apply_rows_f64(const void *x_, void *y_, int64_t rows, int64_t w, const cfbn_apply_f64 *p)
 {
-    if (fuse_apply_on_f64(p)) {
-        fuse_apply_f64(&ops_f64, x, y, rows, w, 0, p);
-        return;
-    }
+    const double *x = x_;
+    double *y = y_;
     if (w <= 0) return;
     if (8 % w == 0) {
         __m256d q[8];
@@ -1725,13 +1607,10 @@ static void apply_rows_f64(const double *x, double *y, int64_t rows, int64_t w, 
     }
 }
 
-static void gstats_run_f64(const double *dy, const double *x, int64_t n, const cfbn_grad_f64 *p, double *acc)
+static void gstats_run_f64(const void *dy_, const void *x_, int64_t n, const cfbn_grad_f64 *p, double *acc)
 {
-    if (runs_gstats_f64(gstats_run_f64, dy, x, n, p, acc)) return;
-    if (fuse_gstats_on_f64(p)) {
-        fuse_gstats_f64(&ops_f64, dy, x, 1, n, 1, p, acc);
-        return;
-    }
+    const double *dy = dy_;
+    const double *x = x_;
     __m256d m = _mm256_set1_pd(p->mhi[0]), l = _mm256_set1_pd(p->mlo[0]);
     const __m256d q[4] = {m, l, m, l};
     acc4 a, b;
@@ -1740,12 +1619,10 @@ static void gstats_run_f64(const double *dy, const double *x, int64_t n, const c
     acc[1] = hsum_pd(_mm256_add_pd(a.s2, b.s2));
 }
 
-static void gstats_rows_f64(const double *dy, const double *x, int64_t rows, int64_t w, const cfbn_grad_f64 *p, double *acc)
+static void gstats_rows_f64(const void *dy_, const void *x_, int64_t rows, int64_t w, const cfbn_grad_f64 *p, double *acc)
 {
-    if (fuse_gstats_on_f64(p)) {
-        fuse_gstats_f64(&ops_f64, dy, x, rows, w, 0, p, acc);
-        return;
-    }
+    const double *dy = dy_;
+    const double *x = x_;
     if (w <= 0) return;
     if (8 % w == 0) {
         __m256d q[4];
@@ -1805,25 +1682,22 @@ static void gstats_rows_f64(const double *dy, const double *x, int64_t rows, int
     }
 }
 
-static void gapply_run_f64(const double *dy, const double *x, double *dx, int64_t n, const cfbn_grad_f64 *p)
+static void gapply_run_f64(const void *dy_, const void *x_, void *dx_, int64_t n, const cfbn_grad_f64 *p)
 {
-    if (runs_gapply_f64(gapply_run_f64, dy, x, dx, n, p)) return;
-    if (fuse_gapply_on_f64(p)) {
-        fuse_gapply_f64(&ops_f64, dy, x, dx, 1, n, 1, p);
-        return;
-    }
+    const double *dy = dy_;
+    const double *x = x_;
+    double *dx = dx_;
     __m256d m = _mm256_set1_pd(p->mhi[0]), l = _mm256_set1_pd(p->mlo[0]);
     __m256d a = _mm256_set1_pd(p->a[0]), b = _mm256_set1_pd(p->b[0]), c = _mm256_set1_pd(p->c[0]);
     const __m256d q[10] = {m, l, a, b, c, m, l, a, b, c};
     gapply_flat_pd(dy, x, dx, n, q);
 }
 
-static void gapply_rows_f64(const double *dy, const double *x, double *dx, int64_t rows, int64_t w, const cfbn_grad_f64 *p)
+static void gapply_rows_f64(const void *dy_, const void *x_, void *dx_, int64_t rows, int64_t w, const cfbn_grad_f64 *p)
 {
-    if (fuse_gapply_on_f64(p)) {
-        fuse_gapply_f64(&ops_f64, dy, x, dx, rows, w, 0, p);
-        return;
-    }
+    const double *dy = dy_;
+    const double *x = x_;
+    double *dx = dx_;
     if (w <= 0) return;
     if (8 % w == 0) {
         __m256d q[10];
@@ -1858,23 +1732,23 @@ static void gapply_rows_f64(const double *dy, const double *x, double *dx, int64
     }
 }
 
-static const fuse_ops_f32 ops_f32 = {
-    apply_run_f32, apply_rows_f32, gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
-    act_f32, act_grad_f32, widen_f32, narrow_f32,
-};
-
-static const fuse_ops_f64 ops_f64 = {
-    apply_run_f64, apply_rows_f64, gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
-};
-
 const cfbn_kernels cfbn_kernels_avx2 = {
-    "avx2",
-    stats_run_f32, stats_rows_f32, apply_run_f32, apply_rows_f32,
-    gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
-    stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
-    gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
-    stats_run_f16, stats_rows_f16, apply_run_f16, apply_rows_f16,
-    gstats_run_f16, gstats_rows_f16, gapply_run_f16, gapply_rows_f16,
+    .name = "avx2",
+    .f32 = {
+        stats_run_f32, stats_rows_f32, apply_run_f32, apply_rows_f32,
+        gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
+        .apply_runs = apply_runs_f32, .gstats_runs = gstats_runs_f32, .gapply_runs = gapply_runs_f32,
+        .apply_run_stream = apply_run_f32_nt, .apply_rows_stream = apply_rows_f32_nt,
+        .gapply_run_stream = gapply_run_f32_nt, .gapply_rows_stream = gapply_rows_f32_nt,
+    },
+    .f64 = {
+        stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
+        gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
+    },
+    .f16 = {
+        stats_run_f16, stats_rows_f16, apply_run_f16, apply_rows_f16,
+        gstats_run_f16, gstats_rows_f16, gapply_run_f16, gapply_rows_f16,
+    },
 };
 
 #endif

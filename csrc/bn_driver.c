@@ -15,6 +15,7 @@
 
 #include "cfbn.h"
 #include "half.h"
+#include "bn_route.h"
 #include "bn_runs.h"
 #include "bn_math.h"
 
@@ -33,46 +34,10 @@
 #define FIRST_MIN_TASKS 32
 /* ... but never pieces smaller than this. */
 #define FIRST_MIN_PIECE 4096
-/* Elementwise channels-first passes walk memory in order when a plane has
- * at least this many elements; smaller planes go channel by channel, all of
- * a channel's planes in one kernel call, since a call per small plane costs
- * more than the prefetch-friendly order saves. */
-#define FLAT_MIN_PLANE 128
-/* Channels-first reductions go plane by plane in memory order, each plane's
- * sums kept apart and added per channel in batch order, when planes have at
- * least PLANE_ORDER_MIN_PLANE elements (and there are not so many planes
- * that their sums would take a large buffer).  A channel-major walk jumps
- * between planes C*S elements apart, often a multiple of the page size, so
- * the planes of one channel crowd a few cache sets; measured, memory order
- * wins from 16x16 planes on, even where the fused per-channel passes would
- * find a channel's slice in L2 the second time. */
-#define PLANE_ORDER_MIN_PLANE 256
-#define PLANE_ORDER_MAX_PLANES ((int64_t)1 << 20)
 /* Smallest stretch of memory an elementwise channels-first task gets. */
 #define FLAT_PIECE_ELEMS 16384
 /* Widest row the channels-last kernels are handed when C is widened. */
 #define MAX_TILED_WIDTH 1024
-/* Outputs are written with non-temporal stores when a pass touches at least
- * this many bytes (all its tensors): they cannot stay in the last-level
- * cache anyway, and skipping the read for ownership of every output line
- * saves up to a third of the traffic.  Measured on a 32 MB L3, repeating a
- * pass over the same tensors: the gradient pass (three tensors) gains from
- * 38 MB in all on and ties at 19 MB; the normalization pass (two) ties or
- * loses below 50 MB and gains from 100 MB on. */
-#define STREAM_MIN_BYTES_APPLY ((int64_t)64 << 20)
-#define STREAM_MIN_BYTES_GRAD ((int64_t)32 << 20)
-/* Channels-first training passes over tensors that do not fit the last-level
- * cache go a channel at a time where plane order applies: the channel's sums
- * plane by plane, then its output while the channel's slice is still in
- * cache, so the inputs come from memory once instead of twice.  The slice
- * (of every tensor read) must fit a core's share of that cache.  Measured on
- * (64,64,112,112) float32 at 2 threads (3.2 MB a channel per tensor) against
- * plane order: training forward 9.0 -> 8.3 ms and gradient 15.0 -> 14.6 ms
- * while the two threads got 61 GB/s of copy bandwidth, gradient 24 -> 19 ms
- * while they got 38.  On (32,64,56,56), whose 51 MB of dy and x still mostly
- * hit a 32 MB L3, the gradient went 1.4 -> 2.1 ms: hence the 128 MB floor. */
-#define CHANNEL_PASS_MIN_BYTES ((int64_t)128 << 20)
-#define CHANNEL_PASS_MAX_SLICE ((int64_t)8 << 20)
 /* Bound on the per-piece partial sums kept for channels-last reductions. */
 #define MAX_PARTIAL_DOUBLES (1 << 19)
 
@@ -104,9 +69,9 @@ static void vec_set(void *v, int dtype, int64_t c, double value)
 }
 
 /* tensors: how many tensors of x's size the pass reads and writes */
-static int stream_output(const cfbn_shape *s, int tensors, int64_t min_bytes)
+static int stream_output(const cfbn_shape *s, int tensors, int grad)
 {
-    return s->outer * s->channels * s->inner * (int64_t)elem_size(s->dtype) * tensors >= min_bytes;
+    return cfbn_route_stream(s->outer * s->channels * s->inner * (int64_t)elem_size(s->dtype) * tensors, grad);
 }
 
 /* Set in the child of fork().  GNU libgomp's thread pool does not survive
@@ -197,7 +162,7 @@ static void make_plan(const cfbn_shape *s, plan *p)
         int64_t gmax = p->n / FIRST_MIN_PIECE;
         if (g > gmax) g = gmax;
         p->G = g < 1 ? 1 : g;
-        p->planes = p->S >= PLANE_ORDER_MIN_PLANE && p->N * p->C <= PLANE_ORDER_MAX_PLANES;
+        p->planes = cfbn_route_plane_order(p->S, p->N * p->C);
         return;
     }
     /* Channels-last: widen the row to a multiple of 8 lanes where that stays
@@ -221,14 +186,11 @@ static void make_plan(const cfbn_shape *s, plan *p)
 }
 
 /* Whether a channels-first training pass that reads `tensors` tensors goes
- * one task per channel, its sums then its output: with small planes (G == 1
- * pieces), or on tensors far beyond the cache (CHANNEL_PASS_*). */
+ * one task per channel, its sums then its output (bn_route.h). */
 static int per_channel(const plan *p, int tensors)
 {
-    if (p->layout != CFBN_CHANNELS_FIRST || p->G != 1) return 0;
-    if (!p->planes) return 1;
-    int64_t slice = p->n * (int64_t)elem_size(p->dtype) * tensors;
-    return slice <= CHANNEL_PASS_MAX_SLICE && slice * p->C >= CHANNEL_PASS_MIN_BYTES;
+    if (p->layout != CFBN_CHANNELS_FIRST) return 0;
+    return cfbn_route_per_channel(p->G, p->planes, p->n * (int64_t)elem_size(p->dtype) * tensors, p->C);
 }
 
 /* Channels-first: the piece g of channel c covers the channel's elements
@@ -316,21 +278,6 @@ enum { P_MHI, P_MLO, P_ALPHA, P_BETA, P_APPLY_COUNT };
 /* G_YA, G_YB: the forward's alpha and beta, to recompute the pre-activation */
 enum { G_MHI, G_MLO, G_A, G_B, G_C, G_YA, G_YB, G_COUNT };
 
-static void call_stats_run(const cfbn_kernels *k, int dt, const void *x, int64_t n, double shift, double *acc)
-{
-    if (dt == CFBN_F64) k->stats_run_f64(x, n, shift, acc);
-    else if (dt == CFBN_F16) k->stats_run_f16(x, n, shift, acc);
-    else k->stats_run_f32(x, n, shift, acc);
-}
-
-static void call_stats_rows(const cfbn_kernels *k, int dt, const void *x, int64_t rows, int64_t w,
-                            const double *shift, double *acc)
-{
-    if (dt == CFBN_F64) k->stats_rows_f64(x, rows, w, shift, acc);
-    else if (dt == CFBN_F16) k->stats_rows_f16(x, rows, w, shift, acc);
-    else k->stats_rows_f32(x, rows, w, shift, acc);
-}
-
 /* apply over a run (at = channel index) or over rows (at = 0, arrays of w). */
 static void call_apply(const cfbn_kernels *k, const params *pp, int64_t at, const void *x, void *y,
                        int64_t rows, int64_t w, int is_run, const void *side, int64_t runs, int64_t stride)
@@ -340,19 +287,12 @@ static void call_apply(const cfbn_kernels *k, const params *pp, int64_t at, cons
         const double *d = pp->d + at;
         cfbn_apply_f64 a = { d + P_MHI * L, d + P_MLO * L, d + P_ALPHA * L, d + P_BETA * L, pp->stream,
                              pp->act, pp->act_alpha, side, runs, stride };
-        if (is_run) k->apply_run_f64(x, y, rows, &a);
-        else k->apply_rows_f64(x, y, rows, w, &a);
+        cfbn_route_apply_f64(k, x, y, rows, w, is_run, &a);
     } else {
         const float *f = pp->f + at;
         cfbn_apply_f32 a = { f + P_MHI * L, f + P_MLO * L, f + P_ALPHA * L, f + P_BETA * L, pp->stream,
                              pp->act, (float)pp->act_alpha, side, runs, stride };
-        if (pp->dtype == CFBN_F16) {
-            if (is_run) k->apply_run_f16(x, y, rows, &a);
-            else k->apply_rows_f16(x, y, rows, w, &a);
-        } else {
-            if (is_run) k->apply_run_f32(x, y, rows, &a);
-            else k->apply_rows_f32(x, y, rows, w, &a);
-        }
+        cfbn_route_apply_f32(k, pp->dtype, x, y, rows, w, is_run, &a);
     }
 }
 
@@ -365,20 +305,13 @@ static void call_gstats(const cfbn_kernels *k, const params *pp, int64_t at, con
         const double *d = pp->d + at;
         cfbn_grad_f64 g = { d + G_MHI * L, d + G_MLO * L, d + G_A * L, d + G_B * L, d + G_C * L, pp->stream,
                             pp->act, pp->act_alpha, d + G_YA * L, d + G_YB * L, side, NULL, runs, stride };
-        if (is_run) k->gstats_run_f64(dy, x, rows, &g, acc);
-        else k->gstats_rows_f64(dy, x, rows, w, &g, acc);
+        cfbn_route_gstats_f64(k, dy, x, rows, w, is_run, &g, acc);
     } else {
         const float *f = pp->f + at;
         cfbn_grad_f32 g = { f + G_MHI * L, f + G_MLO * L, f + G_A * L, f + G_B * L, f + G_C * L, pp->stream,
                             pp->act, (float)pp->act_alpha, f + G_YA * L, f + G_YB * L, side, NULL, runs,
                             stride };
-        if (pp->dtype == CFBN_F16) {
-            if (is_run) k->gstats_run_f16(dy, x, rows, &g, acc);
-            else k->gstats_rows_f16(dy, x, rows, w, &g, acc);
-        } else {
-            if (is_run) k->gstats_run_f32(dy, x, rows, &g, acc);
-            else k->gstats_rows_f32(dy, x, rows, w, &g, acc);
-        }
+        cfbn_route_gstats_f32(k, pp->dtype, dy, x, rows, w, is_run, &g, acc);
     }
 }
 
@@ -392,20 +325,13 @@ static void call_gapply(const cfbn_kernels *k, const params *pp, int64_t at, con
         cfbn_grad_f64 g = { d + G_MHI * L, d + G_MLO * L, d + G_A * L, d + G_B * L, d + G_C * L, pp->stream,
                             pp->act, pp->act_alpha, d + G_YA * L, d + G_YB * L, side, side_grad, runs,
                             stride };
-        if (is_run) k->gapply_run_f64(dy, x, dx, rows, &g);
-        else k->gapply_rows_f64(dy, x, dx, rows, w, &g);
+        cfbn_route_gapply_f64(k, dy, x, dx, rows, w, is_run, &g);
     } else {
         const float *f = pp->f + at;
         cfbn_grad_f32 g = { f + G_MHI * L, f + G_MLO * L, f + G_A * L, f + G_B * L, f + G_C * L, pp->stream,
                             pp->act, (float)pp->act_alpha, f + G_YA * L, f + G_YB * L, side, side_grad, runs,
                             stride };
-        if (pp->dtype == CFBN_F16) {
-            if (is_run) k->gapply_run_f16(dy, x, dx, rows, &g);
-            else k->gapply_rows_f16(dy, x, dx, rows, w, &g);
-        } else {
-            if (is_run) k->gapply_run_f32(dy, x, dx, rows, &g);
-            else k->gapply_rows_f32(dy, x, dx, rows, w, &g);
-        }
+        cfbn_route_gapply_f32(k, pp->dtype, dy, x, dx, rows, w, is_run, &g);
     }
 }
 
@@ -447,7 +373,7 @@ static void first_stretch(const pass *ps, const double *shift, int64_t c, int64_
         for (int64_t r = 0; r < runs; r++) {
             double one[2];
             prefetch_next_run(at_elem(ps->a, dt, off + r * stride), len * (int64_t)elem_size(dt));
-            call_stats_run(ps->k, dt, at_elem(ps->a, dt, off + r * stride), len, shift[c], one);
+            cfbn_route_stats(ps->k, dt, at_elem(ps->a, dt, off + r * stride), len, 1, 1, shift + c, one);
             part[0] += one[0];
             part[1] += one[1];
         }
@@ -524,7 +450,7 @@ static void last_piece(const pass *ps, const double *shift, int64_t q, double *a
     int64_t off = r0 * p->W;
     switch (ps->kind) {
     case PASS_STATS:
-        call_stats_rows(ps->k, dt, at_elem(ps->a, dt, off), nrows, w, shift, acc);
+        cfbn_route_stats(ps->k, dt, at_elem(ps->a, dt, off), nrows, w, 0, shift, acc);
         break;
     case PASS_APPLY:
         call_apply(ps->k, ps->pp, 0, at_elem(ps->a, dt, off), (void *)at_elem(ps->out, dt, off), nrows, w, 0,
@@ -621,7 +547,7 @@ static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
     int64_t C = p->C;
     int red = is_reduction(ps->kind);
     pass_task pt = { ps, shift, NULL };
-    if (p->layout == CFBN_CHANNELS_FIRST && !red && p->S >= FLAT_MIN_PLANE) {
+    if (p->layout == CFBN_CHANNELS_FIRST && !red && cfbn_route_flat(p->S)) {
         /* elementwise: equal stretches of memory, one or more per thread */
         int64_t total = p->N * C * p->S;
         int64_t tasks = total / FLAT_PIECE_ELEMS;
@@ -848,7 +774,7 @@ int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
                    batch_mean, batch_variance, saved_mean, saved_variance };
     params pp;
     if (params_init(&pp, s->dtype, param_len(&p, s->layout), P_APPLY_COUNT) < 0) return -1;
-    pp.stream = stream_output(s, fusion && fusion->side ? 3 : 2, STREAM_MIN_BYTES_APPLY);
+    pp.stream = stream_output(s, fusion && fusion->side ? 3 : 2, 0);
     params_set_fusion(&pp, fusion);
     double *shift = make_shift(&p, s, x);
     double *sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
@@ -886,7 +812,7 @@ static int apply_with_stats(const cfbn_kernels *k, const cfbn_shape *s, const vo
     make_plan(s, &p);
     params pp;
     if (params_init(&pp, s->dtype, param_len(&p, s->layout), P_APPLY_COUNT) < 0) return -1;
-    pp.stream = stream_output(s, fusion && fusion->side ? 3 : 2, STREAM_MIN_BYTES_APPLY);
+    pp.stream = stream_output(s, fusion && fusion->side ? 3 : 2, 0);
     params_set_fusion(&pp, fusion);
     for (int64_t c = 0; c < p.C; c++) {
         set_apply_params(&pp, c, vec_get(mean, stats_dt, c), vec_get(variance, stats_dt, c),
@@ -1025,8 +951,8 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
         params_free(&pp);
         return -1;
     }
-    pp.stream = stream_output(s, 3, STREAM_MIN_BYTES_GRAD);
-    ip.stream = stream_output(s, 2, STREAM_MIN_BYTES_APPLY);
+    pp.stream = stream_output(s, 3, 1);
+    ip.stream = stream_output(s, 2, 0);
     sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
     if (!sums) goto done;
     for (int64_t c = 0; c < p.C; c++)
@@ -1112,7 +1038,7 @@ int cfbn_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, 
     make_plan(s, &p);
     params pp;
     if (params_init(&pp, s->dtype, param_len(&p, s->layout), G_COUNT) < 0) return -1;
-    pp.stream = stream_output(s, 3, STREAM_MIN_BYTES_GRAD);
+    pp.stream = stream_output(s, 3, 1);
     for (int64_t c = 0; c < p.C; c++) {
         double r = cfbn_rstd(variance[c], epsilon);
         params_set_mean(&pp, G_MHI, G_MLO, c, mean[c]);

@@ -12,14 +12,14 @@
  * by max/min/select; elu, sigmoid, tanh and silu through exp_s, a Cephes-style
  * expf; float64 tensors use bn_act.h's libm formulas. */
 #include "cfbn.h"
-#include "bn_runs.h"
 
 #if defined(__aarch64__)
 
 #include <arm_neon.h>
 #include <string.h>
 
-#include "bn_fuse.h"
+#include "bn_act.h"
+#include "half.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -662,176 +662,59 @@ INLINE void act_grad_loop_s(float *t, const void *dy, const void *side, int64_t 
     }
 }
 
-/* One loop per activation (bn_act.h: CFBN_ACT_SPECIALIZE). */
-static void act_f32(const float *t, const void *side, void *out, int64_t n, int half, int kind, float alpha)
-{
-#define ACT_LOOP(k) act_loop_s(t, side, out, n, half, k, alpha)
-    CFBN_ACT_SPECIALIZE(kind, ACT_LOOP)
-#undef ACT_LOOP
-}
+/* ---- float32 and float16 entries ---- */
 
-static void act_grad_f32(float *t, const void *dy, const void *side, int64_t n, int half, int kind, float alpha)
-{
-#define ACT_GRAD_LOOP(k) act_grad_loop_s(t, dy, side, n, half, k, alpha)
-    CFBN_ACT_SPECIALIZE(kind, ACT_GRAD_LOOP)
-#undef ACT_GRAD_LOOP
-}
-
-static void widen_f32(const void *src, float *dst, int64_t n, int half)
-{
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, ld4(src, i, half));
-    if (i < n) st_part(dst, i, ld_part(src, i, n - i, n - i, half), n - i, 0);
-}
-
-static void narrow_f32(const float *src, void *dst, int64_t n, int half)
-{
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) st4(dst, i, vld1q_f32(src + i), half);
-    if (i < n) st_part(dst, i, ld_part(src, i, n - i, n - i, 0), n - i, half);
-}
-
-/* defined at the end: the fused paths call back into the plain kernels */
-static const fuse_ops_f32 ops_f32;
-static const fuse_ops_f64 ops_f64;
-
-/* ---- float32 ---- */
-
-static void stats_run_f32(const float *x, int64_t n, double shift, double *acc)
-{
-    stats_run_s(x, n, shift, acc, 0);
-}
-
-static void stats_rows_f32(const float *x, int64_t rows, int64_t w, const double *shift, double *acc)
+static void stats_run_f32(const void *x, int64_t n, double shift, double *acc) { stats_run_s(x, n, shift, acc, 0); }
+static void stats_rows_f32(const void *x, int64_t rows, int64_t w, const double *shift, double *acc)
 {
     stats_rows_s(x, rows, w, shift, acc, 0);
 }
-
-static void apply_run_f32(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
+static void apply_run_f32(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p) { apply_run_s(x, y, n, p, 0); }
+static void apply_rows_f32(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
 {
-    if (runs_apply_f32(apply_run_f32, x, y, n, p)) return;
-    if (fuse_apply_on_f32(p)) {
-        fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 0);
-        return;
-    }
-    apply_run_s(x, y, n, p, 0);
-}
-
-static void apply_rows_f32(const float *x, float *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
-{
-    if (fuse_apply_on_f32(p)) {
-        fuse_apply_f32(&ops_f32, x, y, rows, w, 0, p, 0);
-        return;
-    }
     apply_rows_s(x, y, rows, w, p, 0);
 }
-
-static void gstats_run_f32(const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+static void gstats_run_f32(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
 {
-    if (runs_gstats_f32(gstats_run_f32, dy, x, n, p, acc)) return;
-    if (fuse_gstats_on_f32(p)) {
-        fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 0);
-        return;
-    }
     gstats_run_s(dy, x, n, p, acc, 0);
 }
-
-static void gstats_rows_f32(const float *dy, const float *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
+static void gstats_rows_f32(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
 {
-    if (fuse_gstats_on_f32(p)) {
-        fuse_gstats_f32(&ops_f32, dy, x, rows, w, 0, p, acc, 0);
-        return;
-    }
     gstats_rows_s(dy, x, rows, w, p, acc, 0);
 }
-
-static void gapply_run_f32(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
+static void gapply_run_f32(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
 {
-    if (runs_gapply_f32(gapply_run_f32, dy, x, dx, n, p)) return;
-    if (fuse_gapply_on_f32(p)) {
-        fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 0);
-        return;
-    }
     gapply_run_s(dy, x, dx, n, p, 0);
 }
-
-static void gapply_rows_f32(const float *dy, const float *x, float *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
+static void gapply_rows_f32(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
 {
-    if (fuse_gapply_on_f32(p)) {
-        fuse_gapply_f32(&ops_f32, dy, x, dx, rows, w, 0, p, 0);
-        return;
-    }
     gapply_rows_s(dy, x, dx, rows, w, p, 0);
 }
 
-/* ---- float16 storage, float compute ---- */
-
-static void stats_run_f16(const uint16_t *x, int64_t n, double shift, double *acc)
-{
-    stats_run_s(x, n, shift, acc, 1);
-}
-
-static void stats_rows_f16(const uint16_t *x, int64_t rows, int64_t w, const double *shift, double *acc)
+static void stats_run_f16(const void *x, int64_t n, double shift, double *acc) { stats_run_s(x, n, shift, acc, 1); }
+static void stats_rows_f16(const void *x, int64_t rows, int64_t w, const double *shift, double *acc)
 {
     stats_rows_s(x, rows, w, shift, acc, 1);
 }
-
-static void apply_run_f16(const uint16_t *x, uint16_t *y, int64_t n, const cfbn_apply_f32 *p)
+static void apply_run_f16(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p) { apply_run_s(x, y, n, p, 1); }
+static void apply_rows_f16(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
 {
-    if (runs_apply_f16(apply_run_f16, x, y, n, p)) return;
-    if (fuse_apply_on_f32(p)) {
-        fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 1);
-        return;
-    }
-    apply_run_s(x, y, n, p, 1);
-}
-
-static void apply_rows_f16(const uint16_t *x, uint16_t *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
-{
-    if (fuse_apply_on_f32(p)) {
-        fuse_apply_f32(&ops_f32, x, y, rows, w, 0, p, 1);
-        return;
-    }
     apply_rows_s(x, y, rows, w, p, 1);
 }
-
-static void gstats_run_f16(const uint16_t *dy, const uint16_t *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+static void gstats_run_f16(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
 {
-    if (runs_gstats_f16(gstats_run_f16, dy, x, n, p, acc)) return;
-    if (fuse_gstats_on_f32(p)) {
-        fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 1);
-        return;
-    }
     gstats_run_s(dy, x, n, p, acc, 1);
 }
-
-static void gstats_rows_f16(const uint16_t *dy, const uint16_t *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                            double *acc)
+static void gstats_rows_f16(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
 {
-    if (fuse_gstats_on_f32(p)) {
-        fuse_gstats_f32(&ops_f32, dy, x, rows, w, 0, p, acc, 1);
-        return;
-    }
     gstats_rows_s(dy, x, rows, w, p, acc, 1);
 }
-
-static void gapply_run_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t n, const cfbn_grad_f32 *p)
+static void gapply_run_f16(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
 {
-    if (runs_gapply_f16(gapply_run_f16, dy, x, dx, n, p)) return;
-    if (fuse_gapply_on_f32(p)) {
-        fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 1);
-        return;
-    }
     gapply_run_s(dy, x, dx, n, p, 1);
 }
-
-static void gapply_rows_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t rows, int64_t w,
-                            const cfbn_grad_f32 *p)
+static void gapply_rows_f16(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
 {
-    if (fuse_gapply_on_f32(p)) {
-        fuse_gapply_f32(&ops_f32, dy, x, dx, rows, w, 0, p, 1);
-        return;
-    }
     gapply_rows_s(dy, x, dx, rows, w, p, 1);
 }
 
@@ -986,8 +869,9 @@ INLINE void lanes_d(const double *v, int64_t w, float64x2_t *even, float64x2_t *
     *odd = vld1q_f64(t + 2);
 }
 
-static void stats_run_f64(const double *x, int64_t n, double shift, double *acc)
+static void stats_run_f64(const void *x_, int64_t n, double shift, double *acc)
 {
+    const double *x = x_;
     float64x2_t s = vdupq_n_f64(shift);
     const float64x2_t sh[2] = {s, s};
     acc2 a, b;
@@ -997,8 +881,9 @@ static void stats_run_f64(const double *x, int64_t n, double shift, double *acc)
     acc[1] = vaddvq_f64(t.s2);
 }
 
-static void stats_rows_f64(const double *x, int64_t rows, int64_t w, const double *shift, double *acc)
+static void stats_rows_f64(const void *x_, int64_t rows, int64_t w, const double *shift, double *acc)
 {
+    const double *x = x_;
     if (w <= 0) return;
     if (4 % w == 0) {
         float64x2_t sh[2];
@@ -1050,25 +935,20 @@ static void stats_rows_f64(const double *x, int64_t rows, int64_t w, const doubl
     }
 }
 
-static void apply_run_f64(const double *x, double *y, int64_t n, const cfbn_apply_f64 *p)
+static void apply_run_f64(const void *x_, void *y_, int64_t n, const cfbn_apply_f64 *p)
 {
-    if (runs_apply_f64(apply_run_f64, x, y, n, p)) return;
-    if (fuse_apply_on_f64(p)) {
-        fuse_apply_f64(&ops_f64, x, y, 1, n, 1, p);
-        return;
-    }
+    const double *x = x_;
+    double *y = y_;
     float64x2_t m = vdupq_n_f64(p->mhi[0]), l = vdupq_n_f64(p->mlo[0]);
     float64x2_t a = vdupq_n_f64(p->alpha[0]), b = vdupq_n_f64(p->beta[0]);
     const float64x2_t q[8] = {m, l, a, b, m, l, a, b};
     apply_flat_d(x, y, n, q);
 }
 
-static void apply_rows_f64(const double *x, double *y, int64_t rows, int64_t w, const cfbn_apply_f64 *p)
+static void apply_rows_f64(const void *x_, void *y_, int64_t rows, int64_t w, const cfbn_apply_f64 *p)
 {
-    if (fuse_apply_on_f64(p)) {
-        fuse_apply_f64(&ops_f64, x, y, rows, w, 0, p);
-        return;
-    }
+    const double *x = x_;
+    double *y = y_;
     if (w <= 0) return;
     if (4 % w == 0) {
         float64x2_t q[8];
@@ -1097,13 +977,10 @@ static void apply_rows_f64(const double *x, double *y, int64_t rows, int64_t w, 
     }
 }
 
-static void gstats_run_f64(const double *dy, const double *x, int64_t n, const cfbn_grad_f64 *p, double *acc)
+static void gstats_run_f64(const void *dy_, const void *x_, int64_t n, const cfbn_grad_f64 *p, double *acc)
 {
-    if (runs_gstats_f64(gstats_run_f64, dy, x, n, p, acc)) return;
-    if (fuse_gstats_on_f64(p)) {
-        fuse_gstats_f64(&ops_f64, dy, x, 1, n, 1, p, acc);
-        return;
-    }
+    const double *dy = dy_;
+    const double *x = x_;
     float64x2_t m = vdupq_n_f64(p->mhi[0]), l = vdupq_n_f64(p->mlo[0]);
     const float64x2_t q[4] = {m, l, m, l};
     acc2 a, b;
@@ -1113,12 +990,10 @@ static void gstats_run_f64(const double *dy, const double *x, int64_t n, const c
     acc[1] = vaddvq_f64(t.s2);
 }
 
-static void gstats_rows_f64(const double *dy, const double *x, int64_t rows, int64_t w, const cfbn_grad_f64 *p, double *acc)
+static void gstats_rows_f64(const void *dy_, const void *x_, int64_t rows, int64_t w, const cfbn_grad_f64 *p, double *acc)
 {
-    if (fuse_gstats_on_f64(p)) {
-        fuse_gstats_f64(&ops_f64, dy, x, rows, w, 0, p, acc);
-        return;
-    }
+    const double *dy = dy_;
+    const double *x = x_;
     if (w <= 0) return;
     if (4 % w == 0) {
         float64x2_t q[4];
@@ -1175,25 +1050,22 @@ static void gstats_rows_f64(const double *dy, const double *x, int64_t rows, int
     }
 }
 
-static void gapply_run_f64(const double *dy, const double *x, double *dx, int64_t n, const cfbn_grad_f64 *p)
+static void gapply_run_f64(const void *dy_, const void *x_, void *dx_, int64_t n, const cfbn_grad_f64 *p)
 {
-    if (runs_gapply_f64(gapply_run_f64, dy, x, dx, n, p)) return;
-    if (fuse_gapply_on_f64(p)) {
-        fuse_gapply_f64(&ops_f64, dy, x, dx, 1, n, 1, p);
-        return;
-    }
+    const double *dy = dy_;
+    const double *x = x_;
+    double *dx = dx_;
     float64x2_t m = vdupq_n_f64(p->mhi[0]), l = vdupq_n_f64(p->mlo[0]);
     float64x2_t a = vdupq_n_f64(p->a[0]), b = vdupq_n_f64(p->b[0]), c = vdupq_n_f64(p->c[0]);
     const float64x2_t q[10] = {m, l, a, b, c, m, l, a, b, c};
     gapply_flat_d(dy, x, dx, n, q);
 }
 
-static void gapply_rows_f64(const double *dy, const double *x, double *dx, int64_t rows, int64_t w, const cfbn_grad_f64 *p)
+static void gapply_rows_f64(const void *dy_, const void *x_, void *dx_, int64_t rows, int64_t w, const cfbn_grad_f64 *p)
 {
-    if (fuse_gapply_on_f64(p)) {
-        fuse_gapply_f64(&ops_f64, dy, x, dx, rows, w, 0, p);
-        return;
-    }
+    const double *dy = dy_;
+    const double *x = x_;
+    double *dx = dx_;
     if (w <= 0) return;
     if (4 % w == 0) {
         float64x2_t q[10];
@@ -1224,23 +1096,20 @@ static void gapply_rows_f64(const double *dy, const double *x, double *dx, int64
     }
 }
 
-static const fuse_ops_f32 ops_f32 = {
-    apply_run_f32, apply_rows_f32, gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
-    act_f32, act_grad_f32, widen_f32, narrow_f32,
-};
-
-static const fuse_ops_f64 ops_f64 = {
-    apply_run_f64, apply_rows_f64, gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
-};
-
 const cfbn_kernels cfbn_kernels_neon = {
-    "neon",
-    stats_run_f32, stats_rows_f32, apply_run_f32, apply_rows_f32,
-    gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
-    stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
-    gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
-    stats_run_f16, stats_rows_f16, apply_run_f16, apply_rows_f16,
-    gstats_run_f16, gstats_rows_f16, gapply_run_f16, gapply_rows_f16,
+    .name = "neon",
+    .f32 = {
+        stats_run_f32, stats_rows_f32, apply_run_f32, apply_rows_f32,
+        gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
+    },
+    .f64 = {
+        stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
+        gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
+    },
+    .f16 = {
+        stats_run_f16, stats_rows_f16, apply_run_f16, apply_rows_f16,
+        gstats_run_f16, gstats_rows_f16, gapply_run_f16, gapply_rows_f16,
+    },
 };
 
 #endif

@@ -1,23 +1,30 @@
 /* Portable reference kernels: plain C, one element at a time.  Every SIMD
- * table is tested against these.  Baseline flags only.  A fused activation
- * or side input runs through bn_fuse.h's blocks with bn_act.h's libm
- * formulas. */
-#include "bn_fuse.h"
+ * table is tested against these.  Baseline flags only.  Float32 and float16
+ * tensors share one set of float loops (`half` says how elements are
+ * stored); the fused entries run bn_math.h's formulas, libm's activations
+ * among them, in the same loop as the normalization. */
+#include "bn_act.h"
 #include "cfbn.h"
-#include "bn_runs.h"
 #include "half.h"
 
-/* defined at the end: the fused paths call back into the plain kernels */
-static const fuse_ops_f32 ops_f32;
-static const fuse_ops_f64 ops_f64;
+static inline float ld(const void *p, int64_t i, int half)
+{
+    return half ? cfbn_half_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
 
-/* ---- float32 ---- */
+static inline void st(void *p, int64_t i, float v, int half)
+{
+    if (half) ((uint16_t *)p)[i] = cfbn_float_to_half(v);
+    else ((float *)p)[i] = v;
+}
 
-static void stats_run_f32(const float *x, int64_t n, double shift, double *acc)
+/* ---- float compute: float32 and float16 storage ---- */
+
+static inline void stats_run_s(const void *x, int64_t n, double shift, double *acc, int half)
 {
     double s1 = 0.0, s2 = 0.0;
     for (int64_t i = 0; i < n; i++) {
-        double d = (double)x[i] - shift;
+        double d = (double)ld(x, i, half) - shift;
         s1 += d;
         s2 += d * d;
     }
@@ -25,347 +32,396 @@ static void stats_run_f32(const float *x, int64_t n, double shift, double *acc)
     acc[1] = s2;
 }
 
-static void stats_rows_f32(const float *x, int64_t rows, int64_t w, const double *shift, double *acc)
+static inline void stats_rows_s(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int half)
 {
     for (int64_t j = 0; j < 2 * w; j++) acc[j] = 0.0;
     for (int64_t r = 0; r < rows; r++) {
-        const float *row = x + r * w;
         for (int64_t j = 0; j < w; j++) {
-            double d = (double)row[j] - shift[j];
+            double d = (double)ld(x, r * w + j, half) - shift[j];
             acc[j] += d;
             acc[w + j] += d * d;
         }
     }
 }
 
-static void apply_run_f32(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p)
+/* rows of w elements whose parameters are column j (a run: one row, every
+ * element column 0) */
+static inline void apply_s(const void *x, void *y, int64_t rows, int64_t w, int is_run, const cfbn_apply_f32 *p,
+                           int half)
 {
-    if (runs_apply_f32(apply_run_f32, x, y, n, p)) return;
-    if (fuse_apply_on_f32(p)) {
-        fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 0);
-        return;
-    }
-    const float mhi = p->mhi[0], mlo = p->mlo[0], a = p->alpha[0], b = p->beta[0];
-    for (int64_t i = 0; i < n; i++) y[i] = ((x[i] - mhi) - mlo) * a + b;
-}
-
-static void apply_rows_f32(const float *x, float *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
-{
-    if (fuse_apply_on_f32(p)) {
-        fuse_apply_f32(&ops_f32, x, y, rows, w, 0, p, 0);
-        return;
-    }
     for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * w;
-        float *yr = y + r * w;
-        for (int64_t j = 0; j < w; j++) yr[j] = ((xr[j] - p->mhi[j]) - p->mlo[j]) * p->alpha[j] + p->beta[j];
-    }
-}
-
-static void gstats_run_f32(const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
-{
-    if (runs_gstats_f32(gstats_run_f32, dy, x, n, p, acc)) return;
-    if (fuse_gstats_on_f32(p)) {
-        fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 0);
-        return;
-    }
-    const float mhi = p->mhi[0], mlo = p->mlo[0];
-    double s1 = 0.0, s2 = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        float d = (x[i] - mhi) - mlo;
-        s1 += (double)dy[i];
-        s2 += (double)dy[i] * (double)d;
-    }
-    acc[0] = s1;
-    acc[1] = s2;
-}
-
-static void gstats_rows_f32(const float *dy, const float *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
-{
-    if (fuse_gstats_on_f32(p)) {
-        fuse_gstats_f32(&ops_f32, dy, x, rows, w, 0, p, acc, 0);
-        return;
-    }
-    for (int64_t j = 0; j < 2 * w; j++) acc[j] = 0.0;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * w, *dr = dy + r * w;
         for (int64_t j = 0; j < w; j++) {
-            float d = (xr[j] - p->mhi[j]) - p->mlo[j];
-            acc[j] += (double)dr[j];
-            acc[w + j] += (double)dr[j] * (double)d;
+            int64_t c = is_run ? 0 : j, i = r * w + j;
+            st(y, i, ((ld(x, i, half) - p->mhi[c]) - p->mlo[c]) * p->alpha[c] + p->beta[c], half);
         }
     }
 }
 
-static void gapply_run_f32(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p)
+static inline void gstats_s(const void *dy, const void *x, int64_t rows, int64_t w, int is_run,
+                            const cfbn_grad_f32 *p, double *acc, int half)
 {
-    if (runs_gapply_f32(gapply_run_f32, dy, x, dx, n, p)) return;
-    if (fuse_gapply_on_f32(p)) {
-        fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 0);
-        return;
+    int64_t na = is_run ? 1 : w;
+    for (int64_t j = 0; j < 2 * na; j++) acc[j] = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t j = 0; j < w; j++) {
+            int64_t c = is_run ? 0 : j, i = r * w + j;
+            float g = ld(dy, i, half);
+            float d = (ld(x, i, half) - p->mhi[c]) - p->mlo[c];
+            acc[c] += (double)g;
+            acc[na + c] += (double)g * (double)d;
+        }
     }
-    const float mhi = p->mhi[0], mlo = p->mlo[0], a = p->a[0], b = p->b[0], c = p->c[0];
-    for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * a + (((x[i] - mhi) - mlo) * b + c);
 }
 
-static void gapply_rows_f32(const float *dy, const float *x, float *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
+static inline void gapply_s(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, int is_run,
+                            const cfbn_grad_f32 *p, int half)
 {
-    if (fuse_gapply_on_f32(p)) {
-        fuse_gapply_f32(&ops_f32, dy, x, dx, rows, w, 0, p, 0);
-        return;
-    }
     for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * w, *dr = dy + r * w;
-        float *o = dx + r * w;
-        for (int64_t j = 0; j < w; j++)
-            o[j] = dr[j] * p->a[j] + (((xr[j] - p->mhi[j]) - p->mlo[j]) * p->b[j] + p->c[j]);
+        for (int64_t j = 0; j < w; j++) {
+            int64_t c = is_run ? 0 : j, i = r * w + j;
+            float d = (ld(x, i, half) - p->mhi[c]) - p->mlo[c];
+            st(dx, i, ld(dy, i, half) * p->a[c] + (d * p->b[c] + p->c[c]), half);
+        }
     }
+}
+
+/* Fused: y = act(normalize(x) + side); the gradient's g = dy * act'(pre). */
+static inline void apply_fused_s(const void *x, void *y, int64_t rows, int64_t w, int is_run,
+                                 const cfbn_apply_f32 *p, int half)
+{
+    const void *side = p->side;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t j = 0; j < w; j++) {
+            int64_t c = is_run ? 0 : j, i = r * w + j;
+            float s = side ? ld(side, i, half) : 0.0f;
+            st(y, i, cfbn_fused_y_f(p->act, p->act_alpha, ld(x, i, half), side != NULL, s, p->mhi[c], p->mlo[c],
+                                    p->alpha[c], p->beta[c]), half);
+        }
+    }
+}
+
+static inline float fused_g_s(const void *dy, const void *x, int64_t i, int64_t c, const cfbn_grad_f32 *p, int half)
+{
+    const void *side = p->side;
+    float s = side ? ld(side, i, half) : 0.0f;
+    return cfbn_fused_g_f(p->act, p->act_alpha, ld(dy, i, half), ld(x, i, half), side != NULL, s, p->mhi[c],
+                          p->mlo[c], p->ya ? p->ya[c] : 0.0f, p->yb ? p->yb[c] : 0.0f);
+}
+
+static inline void gstats_fused_s(const void *dy, const void *x, int64_t rows, int64_t w, int is_run,
+                                  const cfbn_grad_f32 *p, double *acc, int half)
+{
+    int64_t na = is_run ? 1 : w;
+    for (int64_t j = 0; j < 2 * na; j++) acc[j] = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t j = 0; j < w; j++) {
+            int64_t c = is_run ? 0 : j, i = r * w + j;
+            float g = fused_g_s(dy, x, i, c, p, half);
+            float d = (ld(x, i, half) - p->mhi[c]) - p->mlo[c];
+            acc[c] += (double)g;
+            acc[na + c] += (double)g * (double)d;
+        }
+    }
+}
+
+/* dx and side_grad may be the very arrays dy or x: each element's inputs are
+ * read before its outputs are written. */
+static inline void gapply_fused_s(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, int is_run,
+                                  const cfbn_grad_f32 *p, int half)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t j = 0; j < w; j++) {
+            int64_t c = is_run ? 0 : j, i = r * w + j;
+            float g = fused_g_s(dy, x, i, c, p, half);
+            float d = (ld(x, i, half) - p->mhi[c]) - p->mlo[c];
+            float v = g * p->a[c] + (d * p->b[c] + p->c[c]);
+            if (p->side_grad) st(p->side_grad, i, g, half);
+            st(dx, i, v, half);
+        }
+    }
+}
+
+static void stats_run_f32(const void *x, int64_t n, double shift, double *acc) { stats_run_s(x, n, shift, acc, 0); }
+static void stats_rows_f32(const void *x, int64_t rows, int64_t w, const double *shift, double *acc)
+{
+    stats_rows_s(x, rows, w, shift, acc, 0);
+}
+static void apply_run_f32(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p) { apply_s(x, y, 1, n, 1, p, 0); }
+static void apply_rows_f32(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+{
+    apply_s(x, y, rows, w, 0, p, 0);
+}
+static void gstats_run_f32(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+{
+    gstats_s(dy, x, 1, n, 1, p, acc, 0);
+}
+static void gstats_rows_f32(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
+{
+    gstats_s(dy, x, rows, w, 0, p, acc, 0);
+}
+static void gapply_run_f32(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
+{
+    gapply_s(dy, x, dx, 1, n, 1, p, 0);
+}
+static void gapply_rows_f32(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
+{
+    gapply_s(dy, x, dx, rows, w, 0, p, 0);
+}
+static void apply_run_fused_f32(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)
+{
+    apply_fused_s(x, y, 1, n, 1, p, 0);
+}
+static void apply_rows_fused_f32(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+{
+    apply_fused_s(x, y, rows, w, 0, p, 0);
+}
+static void gstats_run_fused_f32(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+{
+    gstats_fused_s(dy, x, 1, n, 1, p, acc, 0);
+}
+static void gstats_rows_fused_f32(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                                  double *acc)
+{
+    gstats_fused_s(dy, x, rows, w, 0, p, acc, 0);
+}
+static void gapply_run_fused_f32(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
+{
+    gapply_fused_s(dy, x, dx, 1, n, 1, p, 0);
+}
+static void gapply_rows_fused_f32(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
+                                  const cfbn_grad_f32 *p)
+{
+    gapply_fused_s(dy, x, dx, rows, w, 0, p, 0);
+}
+
+static void stats_run_f16(const void *x, int64_t n, double shift, double *acc) { stats_run_s(x, n, shift, acc, 1); }
+static void stats_rows_f16(const void *x, int64_t rows, int64_t w, const double *shift, double *acc)
+{
+    stats_rows_s(x, rows, w, shift, acc, 1);
+}
+static void apply_run_f16(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p) { apply_s(x, y, 1, n, 1, p, 1); }
+static void apply_rows_f16(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+{
+    apply_s(x, y, rows, w, 0, p, 1);
+}
+static void gstats_run_f16(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+{
+    gstats_s(dy, x, 1, n, 1, p, acc, 1);
+}
+static void gstats_rows_f16(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
+{
+    gstats_s(dy, x, rows, w, 0, p, acc, 1);
+}
+static void gapply_run_f16(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
+{
+    gapply_s(dy, x, dx, 1, n, 1, p, 1);
+}
+static void gapply_rows_f16(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
+{
+    gapply_s(dy, x, dx, rows, w, 0, p, 1);
+}
+static void apply_run_fused_f16(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)
+{
+    apply_fused_s(x, y, 1, n, 1, p, 1);
+}
+static void apply_rows_fused_f16(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+{
+    apply_fused_s(x, y, rows, w, 0, p, 1);
+}
+static void gstats_run_fused_f16(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+{
+    gstats_fused_s(dy, x, 1, n, 1, p, acc, 1);
+}
+static void gstats_rows_fused_f16(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                                  double *acc)
+{
+    gstats_fused_s(dy, x, rows, w, 0, p, acc, 1);
+}
+static void gapply_run_fused_f16(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
+{
+    gapply_fused_s(dy, x, dx, 1, n, 1, p, 1);
+}
+static void gapply_rows_fused_f16(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
+                                  const cfbn_grad_f32 *p)
+{
+    gapply_fused_s(dy, x, dx, rows, w, 0, p, 1);
 }
 
 /* ---- float64 ---- */
 
-static void stats_run_f64(const double *x, int64_t n, double shift, double *acc)
+static inline void stats_d(const double *x, int64_t rows, int64_t w, int is_run, const double *shift, double *acc)
 {
-    double s1 = 0.0, s2 = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = x[i] - shift;
-        s1 += d;
-        s2 += d * d;
-    }
-    acc[0] = s1;
-    acc[1] = s2;
-}
-
-static void stats_rows_f64(const double *x, int64_t rows, int64_t w, const double *shift, double *acc)
-{
-    for (int64_t j = 0; j < 2 * w; j++) acc[j] = 0.0;
+    int64_t na = is_run ? 1 : w;
+    for (int64_t j = 0; j < 2 * na; j++) acc[j] = 0.0;
     for (int64_t r = 0; r < rows; r++) {
-        const double *row = x + r * w;
         for (int64_t j = 0; j < w; j++) {
-            double d = row[j] - shift[j];
-            acc[j] += d;
-            acc[w + j] += d * d;
+            int64_t c = is_run ? 0 : j;
+            double d = x[r * w + j] - shift[c];
+            acc[c] += d;
+            acc[na + c] += d * d;
         }
     }
 }
 
-static void apply_run_f64(const double *x, double *y, int64_t n, const cfbn_apply_f64 *p)
+static inline void apply_d(const double *x, double *y, int64_t rows, int64_t w, int is_run, const cfbn_apply_f64 *p)
 {
-    if (runs_apply_f64(apply_run_f64, x, y, n, p)) return;
-    if (fuse_apply_on_f64(p)) {
-        fuse_apply_f64(&ops_f64, x, y, 1, n, 1, p);
-        return;
-    }
-    const double mhi = p->mhi[0], mlo = p->mlo[0], a = p->alpha[0], b = p->beta[0];
-    for (int64_t i = 0; i < n; i++) y[i] = ((x[i] - mhi) - mlo) * a + b;
-}
-
-static void apply_rows_f64(const double *x, double *y, int64_t rows, int64_t w, const cfbn_apply_f64 *p)
-{
-    if (fuse_apply_on_f64(p)) {
-        fuse_apply_f64(&ops_f64, x, y, rows, w, 0, p);
-        return;
-    }
     for (int64_t r = 0; r < rows; r++) {
-        const double *xr = x + r * w;
-        double *yr = y + r * w;
-        for (int64_t j = 0; j < w; j++) yr[j] = ((xr[j] - p->mhi[j]) - p->mlo[j]) * p->alpha[j] + p->beta[j];
-    }
-}
-
-static void gstats_run_f64(const double *dy, const double *x, int64_t n, const cfbn_grad_f64 *p, double *acc)
-{
-    if (runs_gstats_f64(gstats_run_f64, dy, x, n, p, acc)) return;
-    if (fuse_gstats_on_f64(p)) {
-        fuse_gstats_f64(&ops_f64, dy, x, 1, n, 1, p, acc);
-        return;
-    }
-    const double mhi = p->mhi[0], mlo = p->mlo[0];
-    double s1 = 0.0, s2 = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        s1 += dy[i];
-        s2 += dy[i] * ((x[i] - mhi) - mlo);
-    }
-    acc[0] = s1;
-    acc[1] = s2;
-}
-
-static void gstats_rows_f64(const double *dy, const double *x, int64_t rows, int64_t w, const cfbn_grad_f64 *p, double *acc)
-{
-    if (fuse_gstats_on_f64(p)) {
-        fuse_gstats_f64(&ops_f64, dy, x, rows, w, 0, p, acc);
-        return;
-    }
-    for (int64_t j = 0; j < 2 * w; j++) acc[j] = 0.0;
-    for (int64_t r = 0; r < rows; r++) {
-        const double *xr = x + r * w, *dr = dy + r * w;
         for (int64_t j = 0; j < w; j++) {
-            acc[j] += dr[j];
-            acc[w + j] += dr[j] * ((xr[j] - p->mhi[j]) - p->mlo[j]);
+            int64_t c = is_run ? 0 : j, i = r * w + j;
+            y[i] = ((x[i] - p->mhi[c]) - p->mlo[c]) * p->alpha[c] + p->beta[c];
         }
     }
 }
 
-static void gapply_run_f64(const double *dy, const double *x, double *dx, int64_t n, const cfbn_grad_f64 *p)
+static inline void gstats_d(const double *dy, const double *x, int64_t rows, int64_t w, int is_run,
+                            const cfbn_grad_f64 *p, double *acc)
 {
-    if (runs_gapply_f64(gapply_run_f64, dy, x, dx, n, p)) return;
-    if (fuse_gapply_on_f64(p)) {
-        fuse_gapply_f64(&ops_f64, dy, x, dx, 1, n, 1, p);
-        return;
-    }
-    const double mhi = p->mhi[0], mlo = p->mlo[0], a = p->a[0], b = p->b[0], c = p->c[0];
-    for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * a + (((x[i] - mhi) - mlo) * b + c);
-}
-
-static void gapply_rows_f64(const double *dy, const double *x, double *dx, int64_t rows, int64_t w, const cfbn_grad_f64 *p)
-{
-    if (fuse_gapply_on_f64(p)) {
-        fuse_gapply_f64(&ops_f64, dy, x, dx, rows, w, 0, p);
-        return;
-    }
+    int64_t na = is_run ? 1 : w;
+    for (int64_t j = 0; j < 2 * na; j++) acc[j] = 0.0;
     for (int64_t r = 0; r < rows; r++) {
-        const double *xr = x + r * w, *dr = dy + r * w;
-        double *o = dx + r * w;
-        for (int64_t j = 0; j < w; j++)
-            o[j] = dr[j] * p->a[j] + (((xr[j] - p->mhi[j]) - p->mlo[j]) * p->b[j] + p->c[j]);
-    }
-}
-
-/* ---- float16 storage, float compute ---- */
-
-static void stats_run_f16(const uint16_t *x, int64_t n, double shift, double *acc)
-{
-    double s1 = 0.0, s2 = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = (double)cfbn_half_to_float(x[i]) - shift;
-        s1 += d;
-        s2 += d * d;
-    }
-    acc[0] = s1;
-    acc[1] = s2;
-}
-
-static void stats_rows_f16(const uint16_t *x, int64_t rows, int64_t w, const double *shift, double *acc)
-{
-    for (int64_t j = 0; j < 2 * w; j++) acc[j] = 0.0;
-    for (int64_t r = 0; r < rows; r++) {
-        const uint16_t *row = x + r * w;
         for (int64_t j = 0; j < w; j++) {
-            double d = (double)cfbn_half_to_float(row[j]) - shift[j];
-            acc[j] += d;
-            acc[w + j] += d * d;
+            int64_t c = is_run ? 0 : j, i = r * w + j;
+            acc[c] += dy[i];
+            acc[na + c] += dy[i] * ((x[i] - p->mhi[c]) - p->mlo[c]);
         }
     }
 }
 
-static void apply_run_f16(const uint16_t *x, uint16_t *y, int64_t n, const cfbn_apply_f32 *p)
+static inline void gapply_d(const double *dy, const double *x, double *dx, int64_t rows, int64_t w, int is_run,
+                            const cfbn_grad_f64 *p)
 {
-    if (runs_apply_f16(apply_run_f16, x, y, n, p)) return;
-    if (fuse_apply_on_f32(p)) {
-        fuse_apply_f32(&ops_f32, x, y, 1, n, 1, p, 1);
-        return;
-    }
-    const float mhi = p->mhi[0], mlo = p->mlo[0], a = p->alpha[0], b = p->beta[0];
-    for (int64_t i = 0; i < n; i++)
-        y[i] = cfbn_float_to_half(((cfbn_half_to_float(x[i]) - mhi) - mlo) * a + b);
-}
-
-static void apply_rows_f16(const uint16_t *x, uint16_t *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
-{
-    if (fuse_apply_on_f32(p)) {
-        fuse_apply_f32(&ops_f32, x, y, rows, w, 0, p, 1);
-        return;
-    }
     for (int64_t r = 0; r < rows; r++) {
-        const uint16_t *xr = x + r * w;
-        uint16_t *yr = y + r * w;
-        for (int64_t j = 0; j < w; j++)
-            yr[j] = cfbn_float_to_half(((cfbn_half_to_float(xr[j]) - p->mhi[j]) - p->mlo[j]) * p->alpha[j] + p->beta[j]);
-    }
-}
-
-static void gstats_run_f16(const uint16_t *dy, const uint16_t *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
-{
-    if (runs_gstats_f16(gstats_run_f16, dy, x, n, p, acc)) return;
-    if (fuse_gstats_on_f32(p)) {
-        fuse_gstats_f32(&ops_f32, dy, x, 1, n, 1, p, acc, 1);
-        return;
-    }
-    const float mhi = p->mhi[0], mlo = p->mlo[0];
-    double s1 = 0.0, s2 = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        float g = cfbn_half_to_float(dy[i]);
-        float d = (cfbn_half_to_float(x[i]) - mhi) - mlo;
-        s1 += (double)g;
-        s2 += (double)g * (double)d;
-    }
-    acc[0] = s1;
-    acc[1] = s2;
-}
-
-static void gstats_rows_f16(const uint16_t *dy, const uint16_t *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
-{
-    if (fuse_gstats_on_f32(p)) {
-        fuse_gstats_f32(&ops_f32, dy, x, rows, w, 0, p, acc, 1);
-        return;
-    }
-    for (int64_t j = 0; j < 2 * w; j++) acc[j] = 0.0;
-    for (int64_t r = 0; r < rows; r++) {
-        const uint16_t *xr = x + r * w, *dr = dy + r * w;
         for (int64_t j = 0; j < w; j++) {
-            float g = cfbn_half_to_float(dr[j]);
-            float d = (cfbn_half_to_float(xr[j]) - p->mhi[j]) - p->mlo[j];
-            acc[j] += (double)g;
-            acc[w + j] += (double)g * (double)d;
+            int64_t c = is_run ? 0 : j, i = r * w + j;
+            dx[i] = dy[i] * p->a[c] + (((x[i] - p->mhi[c]) - p->mlo[c]) * p->b[c] + p->c[c]);
         }
     }
 }
 
-static void gapply_run_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t n, const cfbn_grad_f32 *p)
+static inline void apply_fused_d(const double *x, double *y, int64_t rows, int64_t w, int is_run,
+                                 const cfbn_apply_f64 *p)
 {
-    if (runs_gapply_f16(gapply_run_f16, dy, x, dx, n, p)) return;
-    if (fuse_gapply_on_f32(p)) {
-        fuse_gapply_f32(&ops_f32, dy, x, dx, 1, n, 1, p, 1);
-        return;
-    }
-    const float mhi = p->mhi[0], mlo = p->mlo[0], a = p->a[0], b = p->b[0], c = p->c[0];
-    for (int64_t i = 0; i < n; i++) {
-        float d = (cfbn_half_to_float(x[i]) - mhi) - mlo;
-        dx[i] = cfbn_float_to_half(cfbn_half_to_float(dy[i]) * a + (d * b + c));
-    }
-}
-
-static void gapply_rows_f16(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
-{
-    if (fuse_gapply_on_f32(p)) {
-        fuse_gapply_f32(&ops_f32, dy, x, dx, rows, w, 0, p, 1);
-        return;
-    }
+    const double *side = p->side;
     for (int64_t r = 0; r < rows; r++) {
-        const uint16_t *xr = x + r * w, *dr = dy + r * w;
-        uint16_t *o = dx + r * w;
         for (int64_t j = 0; j < w; j++) {
-            float d = (cfbn_half_to_float(xr[j]) - p->mhi[j]) - p->mlo[j];
-            o[j] = cfbn_float_to_half(cfbn_half_to_float(dr[j]) * p->a[j] + (d * p->b[j] + p->c[j]));
+            int64_t c = is_run ? 0 : j, i = r * w + j;
+            y[i] = cfbn_fused_y_d(p->act, p->act_alpha, x[i], side != NULL, side ? side[i] : 0.0, p->mhi[c],
+                                  p->mlo[c], p->alpha[c], p->beta[c]);
         }
     }
 }
 
-static const fuse_ops_f32 ops_f32 = {
-    apply_run_f32, apply_rows_f32, gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
-    fuse_act_scalar_f32, fuse_act_grad_scalar_f32, fuse_widen_scalar, fuse_narrow_scalar,
-};
+static inline double fused_g_d(const double *dy, const double *x, int64_t i, int64_t c, const cfbn_grad_f64 *p)
+{
+    const double *side = p->side;
+    return cfbn_fused_g_d(p->act, p->act_alpha, dy[i], x[i], side != NULL, side ? side[i] : 0.0, p->mhi[c],
+                          p->mlo[c], p->ya ? p->ya[c] : 0.0, p->yb ? p->yb[c] : 0.0);
+}
 
-static const fuse_ops_f64 ops_f64 = {
-    apply_run_f64, apply_rows_f64, gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
-};
+static inline void gstats_fused_d(const double *dy, const double *x, int64_t rows, int64_t w, int is_run,
+                                  const cfbn_grad_f64 *p, double *acc)
+{
+    int64_t na = is_run ? 1 : w;
+    for (int64_t j = 0; j < 2 * na; j++) acc[j] = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t j = 0; j < w; j++) {
+            int64_t c = is_run ? 0 : j, i = r * w + j;
+            double g = fused_g_d(dy, x, i, c, p);
+            acc[c] += g;
+            acc[na + c] += g * ((x[i] - p->mhi[c]) - p->mlo[c]);
+        }
+    }
+}
+
+static inline void gapply_fused_d(const double *dy, const double *x, double *dx, int64_t rows, int64_t w,
+                                  int is_run, const cfbn_grad_f64 *p)
+{
+    double *sg = p->side_grad;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t j = 0; j < w; j++) {
+            int64_t c = is_run ? 0 : j, i = r * w + j;
+            double g = fused_g_d(dy, x, i, c, p);
+            double v = g * p->a[c] + (((x[i] - p->mhi[c]) - p->mlo[c]) * p->b[c] + p->c[c]);
+            if (sg) sg[i] = g;
+            dx[i] = v;
+        }
+    }
+}
+
+static void stats_run_f64(const void *x, int64_t n, double shift, double *acc) { stats_d(x, 1, n, 1, &shift, acc); }
+static void stats_rows_f64(const void *x, int64_t rows, int64_t w, const double *shift, double *acc)
+{
+    stats_d(x, rows, w, 0, shift, acc);
+}
+static void apply_run_f64(const void *x, void *y, int64_t n, const cfbn_apply_f64 *p) { apply_d(x, y, 1, n, 1, p); }
+static void apply_rows_f64(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f64 *p)
+{
+    apply_d(x, y, rows, w, 0, p);
+}
+static void gstats_run_f64(const void *dy, const void *x, int64_t n, const cfbn_grad_f64 *p, double *acc)
+{
+    gstats_d(dy, x, 1, n, 1, p, acc);
+}
+static void gstats_rows_f64(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f64 *p, double *acc)
+{
+    gstats_d(dy, x, rows, w, 0, p, acc);
+}
+static void gapply_run_f64(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f64 *p)
+{
+    gapply_d(dy, x, dx, 1, n, 1, p);
+}
+static void gapply_rows_f64(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f64 *p)
+{
+    gapply_d(dy, x, dx, rows, w, 0, p);
+}
+static void apply_run_fused_f64(const void *x, void *y, int64_t n, const cfbn_apply_f64 *p)
+{
+    apply_fused_d(x, y, 1, n, 1, p);
+}
+static void apply_rows_fused_f64(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f64 *p)
+{
+    apply_fused_d(x, y, rows, w, 0, p);
+}
+static void gstats_run_fused_f64(const void *dy, const void *x, int64_t n, const cfbn_grad_f64 *p, double *acc)
+{
+    gstats_fused_d(dy, x, 1, n, 1, p, acc);
+}
+static void gstats_rows_fused_f64(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f64 *p,
+                                  double *acc)
+{
+    gstats_fused_d(dy, x, rows, w, 0, p, acc);
+}
+static void gapply_run_fused_f64(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f64 *p)
+{
+    gapply_fused_d(dy, x, dx, 1, n, 1, p);
+}
+static void gapply_rows_fused_f64(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
+                                  const cfbn_grad_f64 *p)
+{
+    gapply_fused_d(dy, x, dx, rows, w, 0, p);
+}
 
 const cfbn_kernels cfbn_kernels_scalar = {
-    "scalar",
-    stats_run_f32, stats_rows_f32, apply_run_f32, apply_rows_f32,
-    gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
-    stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
-    gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
-    stats_run_f16, stats_rows_f16, apply_run_f16, apply_rows_f16,
-    gstats_run_f16, gstats_rows_f16, gapply_run_f16, gapply_rows_f16,
+    .name = "scalar",
+    .f32 = {
+        stats_run_f32, stats_rows_f32, apply_run_f32, apply_rows_f32,
+        gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
+        .apply_run_fused = apply_run_fused_f32, .apply_rows_fused = apply_rows_fused_f32,
+        .gstats_run_fused = gstats_run_fused_f32, .gstats_rows_fused = gstats_rows_fused_f32,
+        .gapply_run_fused = gapply_run_fused_f32, .gapply_rows_fused = gapply_rows_fused_f32,
+    },
+    .f64 = {
+        stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
+        gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
+        .apply_run_fused = apply_run_fused_f64, .apply_rows_fused = apply_rows_fused_f64,
+        .gstats_run_fused = gstats_run_fused_f64, .gstats_rows_fused = gstats_rows_fused_f64,
+        .gapply_run_fused = gapply_run_fused_f64, .gapply_rows_fused = gapply_rows_fused_f64,
+    },
+    .f16 = {
+        stats_run_f16, stats_rows_f16, apply_run_f16, apply_rows_f16,
+        gstats_run_f16, gstats_rows_f16, gapply_run_f16, gapply_rows_f16,
+        .apply_run_fused = apply_run_fused_f16, .apply_rows_fused = apply_rows_fused_f16,
+        .gstats_run_fused = gstats_run_fused_f16, .gstats_rows_fused = gstats_rows_fused_f16,
+        .gapply_run_fused = gapply_run_fused_f16, .gapply_rows_fused = gapply_rows_fused_f16,
+    },
 };

@@ -108,7 +108,11 @@ typedef struct {
     int64_t runs, stride;   /* run kernels: see below */
 } cfbn_grad_f64;
 
-/* One ISA's kernels.  Contracts (n, rows, w >= 0; "acc" outputs are double):
+/* One dtype's kernels, in one ISA.  Tensors are `const void *` in the
+ * storage type (float, binary16 or double); float-compute sub-tables
+ * (cfbn_float_kernels: float32 and float16 storage) take float parameters,
+ * cfbn_double_kernels double ones.  Contracts (n, rows, w >= 0; "acc"
+ * outputs are double):
  *   stats_run   acc[0] = sum(x - shift), acc[1] = sum((x - shift)^2)
  *   stats_rows  acc[j] = sum_r(x[r][j] - shift[j]), acc[w + j] = sum_r(...^2)
  *   apply_run   y[i] = ((x[i] - mhi[0]) - mlo[0]) * alpha[0] + beta[0]
@@ -117,45 +121,106 @@ typedef struct {
  *   gstats_rows acc[j], acc[w + j]: the same per column
  *   gapply_run  dx[i] = dy[i] * a[0] + (((x[i] - mhi[0]) - mlo[0]) * b[0] + c[0])
  *   gapply_rows the same per column
- * With a fused activation or side input (see the parameter structs) the
- * kernels work through L1-sized blocks (bn_fuse.h): the plain kernel writes
- * the pre-activation to a block buffer, the activation pass reads it back
- * from L1, so memory still sees one read of x (and side) and one write of y.
+ * The eight plain entries are required; they see one run (p->runs <= 1),
+ * no activation, no side input and regular stores, and ignore those fields.
+ * The other entries are optional (NULL: bn_route.c falls back on the plain
+ * ones, with the same results):
+ *   *_runs      p->runs > 1 runs of one channel in one call (see runs,
+ *               stride below), plain, regular stores
+ *   *_stream    the plain pass with non-temporal stores (p->stream set); the
+ *               rows variant is called only on whole 16-byte aligned rows
+ *   *_fused     one run or rows with the activation and side input of the
+ *               parameter structs, in one pass (the fallback is two passes
+ *               over L1-sized blocks)
  * Differences x - mhi - mlo are formed in the compute type (float for f32 and
  * f16, double for f64); products for sums are formed and summed in double.
  * A kernel may instead sum small blocks in float where that is faster, if it
  * sums again in double every column (or run) whose float sums left float's
  * range: sums must not overflow, or lose bits below 2^-126, where the
  * double sums do not (bn_avx2.c: needs_double). */
+typedef void (*cfbn_stats_run_fn)(const void *x, int64_t n, double shift, double *acc);
+typedef void (*cfbn_stats_rows_fn)(const void *x, int64_t rows, int64_t w, const double *shift, double *acc);
+
+typedef void (*cfbn_apply_run_f32_fn)(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p);
+typedef void (*cfbn_apply_rows_f32_fn)(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p);
+typedef void (*cfbn_gstats_run_f32_fn)(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p,
+                                       double *acc);
+typedef void (*cfbn_gstats_rows_f32_fn)(const void *dy, const void *x, int64_t rows, int64_t w,
+                                        const cfbn_grad_f32 *p, double *acc);
+typedef void (*cfbn_gapply_run_f32_fn)(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p);
+typedef void (*cfbn_gapply_rows_f32_fn)(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
+                                        const cfbn_grad_f32 *p);
+
+typedef void (*cfbn_apply_run_f64_fn)(const void *x, void *y, int64_t n, const cfbn_apply_f64 *p);
+typedef void (*cfbn_apply_rows_f64_fn)(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f64 *p);
+typedef void (*cfbn_gstats_run_f64_fn)(const void *dy, const void *x, int64_t n, const cfbn_grad_f64 *p,
+                                       double *acc);
+typedef void (*cfbn_gstats_rows_f64_fn)(const void *dy, const void *x, int64_t rows, int64_t w,
+                                        const cfbn_grad_f64 *p, double *acc);
+typedef void (*cfbn_gapply_run_f64_fn)(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f64 *p);
+typedef void (*cfbn_gapply_rows_f64_fn)(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
+                                        const cfbn_grad_f64 *p);
+
+typedef struct {
+    /* required */
+    cfbn_stats_run_fn stats_run;
+    cfbn_stats_rows_fn stats_rows;
+    cfbn_apply_run_f32_fn apply_run;
+    cfbn_apply_rows_f32_fn apply_rows;
+    cfbn_gstats_run_f32_fn gstats_run;
+    cfbn_gstats_rows_f32_fn gstats_rows;
+    cfbn_gapply_run_f32_fn gapply_run;
+    cfbn_gapply_rows_f32_fn gapply_rows;
+    /* optional */
+    cfbn_apply_run_f32_fn apply_runs;
+    cfbn_gstats_run_f32_fn gstats_runs;
+    cfbn_gapply_run_f32_fn gapply_runs;
+    cfbn_apply_run_f32_fn apply_run_stream;
+    cfbn_apply_rows_f32_fn apply_rows_stream;
+    cfbn_gapply_run_f32_fn gapply_run_stream;
+    cfbn_gapply_rows_f32_fn gapply_rows_stream;
+    cfbn_apply_run_f32_fn apply_run_fused;
+    cfbn_apply_rows_f32_fn apply_rows_fused;
+    cfbn_gstats_run_f32_fn gstats_run_fused;
+    cfbn_gstats_rows_f32_fn gstats_rows_fused;
+    cfbn_gapply_run_f32_fn gapply_run_fused;
+    cfbn_gapply_rows_f32_fn gapply_rows_fused;
+} cfbn_float_kernels;
+
+typedef struct {
+    /* required */
+    cfbn_stats_run_fn stats_run;
+    cfbn_stats_rows_fn stats_rows;
+    cfbn_apply_run_f64_fn apply_run;
+    cfbn_apply_rows_f64_fn apply_rows;
+    cfbn_gstats_run_f64_fn gstats_run;
+    cfbn_gstats_rows_f64_fn gstats_rows;
+    cfbn_gapply_run_f64_fn gapply_run;
+    cfbn_gapply_rows_f64_fn gapply_rows;
+    /* optional */
+    cfbn_apply_run_f64_fn apply_runs;
+    cfbn_gstats_run_f64_fn gstats_runs;
+    cfbn_gapply_run_f64_fn gapply_runs;
+    cfbn_apply_run_f64_fn apply_run_stream;
+    cfbn_apply_rows_f64_fn apply_rows_stream;
+    cfbn_gapply_run_f64_fn gapply_run_stream;
+    cfbn_gapply_rows_f64_fn gapply_rows_stream;
+    cfbn_apply_run_f64_fn apply_run_fused;
+    cfbn_apply_rows_f64_fn apply_rows_fused;
+    cfbn_gstats_run_f64_fn gstats_run_fused;
+    cfbn_gstats_rows_f64_fn gstats_rows_fused;
+    cfbn_gapply_run_f64_fn gapply_run_fused;
+    cfbn_gapply_rows_f64_fn gapply_rows_fused;
+} cfbn_double_kernels;
+
+/* One ISA's table: a sub-table per dtype (enum cfbn_dtype).  A new storage
+ * type computed in float (bfloat16) is one more cfbn_float_kernels member
+ * and one more case in cfbn_route_float_table. */
 typedef struct cfbn_kernels {
     const char *name;
-
-    void (*stats_run_f32)(const float *x, int64_t n, double shift, double *acc);
-    void (*stats_rows_f32)(const float *x, int64_t rows, int64_t w, const double *shift, double *acc);
-    void (*apply_run_f32)(const float *x, float *y, int64_t n, const cfbn_apply_f32 *p);
-    void (*apply_rows_f32)(const float *x, float *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p);
-    void (*gstats_run_f32)(const float *dy, const float *x, int64_t n, const cfbn_grad_f32 *p, double *acc);
-    void (*gstats_rows_f32)(const float *dy, const float *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc);
-    void (*gapply_run_f32)(const float *dy, const float *x, float *dx, int64_t n, const cfbn_grad_f32 *p);
-    void (*gapply_rows_f32)(const float *dy, const float *x, float *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p);
-
-    void (*stats_run_f64)(const double *x, int64_t n, double shift, double *acc);
-    void (*stats_rows_f64)(const double *x, int64_t rows, int64_t w, const double *shift, double *acc);
-    void (*apply_run_f64)(const double *x, double *y, int64_t n, const cfbn_apply_f64 *p);
-    void (*apply_rows_f64)(const double *x, double *y, int64_t rows, int64_t w, const cfbn_apply_f64 *p);
-    void (*gstats_run_f64)(const double *dy, const double *x, int64_t n, const cfbn_grad_f64 *p, double *acc);
-    void (*gstats_rows_f64)(const double *dy, const double *x, int64_t rows, int64_t w, const cfbn_grad_f64 *p, double *acc);
-    void (*gapply_run_f64)(const double *dy, const double *x, double *dx, int64_t n, const cfbn_grad_f64 *p);
-    void (*gapply_rows_f64)(const double *dy, const double *x, double *dx, int64_t rows, int64_t w, const cfbn_grad_f64 *p);
-
-    void (*stats_run_f16)(const uint16_t *x, int64_t n, double shift, double *acc);
-    void (*stats_rows_f16)(const uint16_t *x, int64_t rows, int64_t w, const double *shift, double *acc);
-    void (*apply_run_f16)(const uint16_t *x, uint16_t *y, int64_t n, const cfbn_apply_f32 *p);
-    void (*apply_rows_f16)(const uint16_t *x, uint16_t *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p);
-    void (*gstats_run_f16)(const uint16_t *dy, const uint16_t *x, int64_t n, const cfbn_grad_f32 *p, double *acc);
-    void (*gstats_rows_f16)(const uint16_t *dy, const uint16_t *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc);
-    void (*gapply_run_f16)(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t n, const cfbn_grad_f32 *p);
-    void (*gapply_rows_f16)(const uint16_t *dy, const uint16_t *x, uint16_t *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p);
+    cfbn_float_kernels f32;
+    cfbn_double_kernels f64;
+    cfbn_float_kernels f16;
 } cfbn_kernels;
 
 /* The tables.  Each exists only where its ISA file is compiled in. */
@@ -177,13 +242,13 @@ const cfbn_kernels *cfbn_isa_table(int isa);  /* NULL unless supported */
 /* bn_driver.c: a tensor seen as outer x channels x inner.
  * channels-last: outer = number of rows (N*H*W), inner = 1.
  * channels-first: outer = N, inner = spatial size. */
-/* runs, stride: with runs > 1, an apply, gstats or gapply run kernel handles
- * `runs` runs of n elements, run k starting `k * stride` elements after the
- * given pointers (in every tensor it reads or writes), with the same
- * parameters; sums cover all runs.  A channel-first channel is N such runs,
- * one per plane: one call instead of N keeps small planes from being
- * dominated by per-call costs.  runs <= 1 means one run.  Rows kernels ignore
- * both fields. */
+/* runs, stride (parameter structs): with runs > 1, a routed apply, gstats or
+ * gapply run call covers `runs` runs of n elements, run k starting
+ * `k * stride` elements after the given pointers (in every tensor it reads or
+ * writes), with the same parameters; sums cover all runs.  A channel-first
+ * channel is N such runs, one per plane: one call instead of N keeps small
+ * planes from being dominated by per-call costs.  runs <= 1 means one run.
+ * Rows calls ignore both fields. */
 
 typedef struct {
     int dtype;            /* enum cfbn_dtype of x, y, dy, dx */

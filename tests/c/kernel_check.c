@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "bn_act.h"
+#include "bn_route.h"
 #include "cfbn.h"
 #include "half.h"
 
@@ -296,77 +297,59 @@ static void case_free(tcase *t)
     for (int i = 0; i < 9; i++) free_guarded(&t->rg[i]);
 }
 
-/* ---- calling a table ---- */
+/* ---- calling a table ----
+ * Through the routing layer, as the driver calls it: the scenarios' flags
+ * (several runs, streaming stores, activation, side input) reach the table's
+ * optional entries where it has them (runs, stream, fused), its fallbacks
+ * where it has not. */
 
 static void call(const cfbn_kernels *k, int kind, const tcase *t, const void *x, const void *dy, void *out,
                  void *side_grad)
 {
     int64_t n = t->n, r = t->rows, w = t->w;
     int rows = t->rows_kind;
+    int64_t nr = rows ? r : n;
     const void *side = g_side ? t->side : NULL;
-    if (t->dt == CFBN_F32 || t->dt == CFBN_F16) {
+    if (kind == K_STATS) {
+        cfbn_route_stats(k, t->dt, x, nr, w, !rows, t->shift, out);
+    } else if (t->dt == CFBN_F32 || t->dt == CFBN_F16) {
         cfbn_apply_f32 ap = {t->mhi, t->mlo, t->pa, t->pb, g_stream, g_act, (float)g_alpha, side,
                              g_runs, g_stride};
         cfbn_grad_f32 gp = {t->mhi, t->mlo, t->pa, t->pb, t->pc, g_stream, g_act, (float)g_alpha,
                             t->pa, t->pb, side, side_grad, g_runs, g_stride};
-        if (t->dt == CFBN_F32) {
-            switch (kind) {
-            case K_STATS:
-                if (rows) k->stats_rows_f32(x, r, w, t->shift, out);
-                else k->stats_run_f32(x, n, t->shift[0], out);
-                break;
-            case K_APPLY:
-                if (rows) k->apply_rows_f32(x, out, r, w, &ap);
-                else k->apply_run_f32(x, out, n, &ap);
-                break;
-            case K_GSTATS:
-                if (rows) k->gstats_rows_f32(dy, x, r, w, &gp, out);
-                else k->gstats_run_f32(dy, x, n, &gp, out);
-                break;
-            default:
-                if (rows) k->gapply_rows_f32(dy, x, out, r, w, &gp);
-                else k->gapply_run_f32(dy, x, out, n, &gp);
-            }
-        } else {
-            switch (kind) {
-            case K_STATS:
-                if (rows) k->stats_rows_f16(x, r, w, t->shift, out);
-                else k->stats_run_f16(x, n, t->shift[0], out);
-                break;
-            case K_APPLY:
-                if (rows) k->apply_rows_f16(x, out, r, w, &ap);
-                else k->apply_run_f16(x, out, n, &ap);
-                break;
-            case K_GSTATS:
-                if (rows) k->gstats_rows_f16(dy, x, r, w, &gp, out);
-                else k->gstats_run_f16(dy, x, n, &gp, out);
-                break;
-            default:
-                if (rows) k->gapply_rows_f16(dy, x, out, r, w, &gp);
-                else k->gapply_run_f16(dy, x, out, n, &gp);
-            }
-        }
+        if (kind == K_APPLY) cfbn_route_apply_f32(k, t->dt, x, out, nr, w, !rows, &ap);
+        else if (kind == K_GSTATS) cfbn_route_gstats_f32(k, t->dt, dy, x, nr, w, !rows, &gp, out);
+        else cfbn_route_gapply_f32(k, t->dt, dy, x, out, nr, w, !rows, &gp);
     } else {
         cfbn_apply_f64 ap = {t->mhi, t->mlo, t->pa, t->pb, g_stream, g_act, g_alpha, side, g_runs, g_stride};
         cfbn_grad_f64 gp = {t->mhi, t->mlo, t->pa, t->pb, t->pc, g_stream, g_act, g_alpha,
                             t->pa, t->pb, side, side_grad, g_runs, g_stride};
-        switch (kind) {
-        case K_STATS:
-            if (rows) k->stats_rows_f64(x, r, w, t->shift, out);
-            else k->stats_run_f64(x, n, t->shift[0], out);
-            break;
-        case K_APPLY:
-            if (rows) k->apply_rows_f64(x, out, r, w, &ap);
-            else k->apply_run_f64(x, out, n, &ap);
-            break;
-        case K_GSTATS:
-            if (rows) k->gstats_rows_f64(dy, x, r, w, &gp, out);
-            else k->gstats_run_f64(dy, x, n, &gp, out);
-            break;
-        default:
-            if (rows) k->gapply_rows_f64(dy, x, out, r, w, &gp);
-            else k->gapply_run_f64(dy, x, out, n, &gp);
+        if (kind == K_APPLY) cfbn_route_apply_f64(k, x, out, nr, w, !rows, &ap);
+        else if (kind == K_GSTATS) cfbn_route_gstats_f64(k, dy, x, nr, w, !rows, &gp, out);
+        else cfbn_route_gapply_f64(k, dy, x, out, nr, w, !rows, &gp);
+    }
+}
+
+/* The optional entries a table fills: which of them the scenarios reach. */
+static void print_entries(const cfbn_kernels *k)
+{
+    static const char *dn[] = {"f32", "f64", "f16"};
+    for (int d = 0; d < 3; d++) {
+        int runs, stream, fused;
+        if (d == CFBN_F64) {
+            const cfbn_double_kernels *o = &k->f64;
+            runs = !!o->apply_runs + !!o->gstats_runs + !!o->gapply_runs;
+            stream = !!o->apply_run_stream + !!o->apply_rows_stream + !!o->gapply_run_stream + !!o->gapply_rows_stream;
+            fused = !!o->apply_run_fused + !!o->apply_rows_fused + !!o->gstats_run_fused + !!o->gstats_rows_fused +
+                    !!o->gapply_run_fused + !!o->gapply_rows_fused;
+        } else {
+            const cfbn_float_kernels *o = cfbn_route_float_table(k, d);
+            runs = !!o->apply_runs + !!o->gstats_runs + !!o->gapply_runs;
+            stream = !!o->apply_run_stream + !!o->apply_rows_stream + !!o->gapply_run_stream + !!o->gapply_rows_stream;
+            fused = !!o->apply_run_fused + !!o->apply_rows_fused + !!o->gstats_run_fused + !!o->gstats_rows_fused +
+                    !!o->gapply_run_fused + !!o->gapply_rows_fused;
         }
+        printf("%s %s: optional entries runs %d/3, stream %d/4, fused %d/6\n", k->name, dn[d], runs, stream, fused);
     }
 }
 
@@ -455,7 +438,9 @@ static int check_one(const cfbn_kernels *k, int kind, const tcase *t, int scenar
             double want = get(dt, ref.p, i), have = get(dt, got.p, i);
             double tol = 2.0 * eps * mag + 1e-300;
             if (dt == CFBN_F16) tol += fabs(want) * 0x1p-10 + 0x1p-24;
-            if (!(fabs(have - want) <= tol)) ok = report(k, kind, t, scenario, inplace ? "value (in place)" : "value", i, have, want, tol);
+            /* equal infinities: overflow in both (their difference is NaN) */
+            if (!(have == want || fabs(have - want) <= tol))
+                ok = report(k, kind, t, scenario, inplace ? "value (in place)" : "value", i, have, want, tol);
         }
     }
     out_free(&ref);
@@ -763,26 +748,66 @@ static void check_table(const cfbn_kernels *k)
     printf("kernel_check %s: %ld passed, %ld failed\n", k->name, n_pass - before_pass, n_fail - before_fail);
 }
 
+/* A copy of k without its optional entries, named "<name>-plain": the
+ * routing layer's fallbacks over k's plain kernels. */
+static cfbn_kernels plain_only(const cfbn_kernels *k, char *name, size_t len)
+{
+    cfbn_kernels b = *k;
+    snprintf(name, len, "%s-plain", k->name);
+    b.name = name;
+    cfbn_float_kernels *fl[] = {&b.f32, &b.f16};
+    for (int i = 0; i < 2; i++) {
+        cfbn_float_kernels *o = fl[i];
+        o->apply_runs = NULL; o->gstats_runs = NULL; o->gapply_runs = NULL;
+        o->apply_run_stream = NULL; o->apply_rows_stream = NULL;
+        o->gapply_run_stream = NULL; o->gapply_rows_stream = NULL;
+        o->apply_run_fused = NULL; o->apply_rows_fused = NULL; o->gstats_run_fused = NULL;
+        o->gstats_rows_fused = NULL; o->gapply_run_fused = NULL; o->gapply_rows_fused = NULL;
+    }
+    cfbn_double_kernels *d = &b.f64;
+    d->apply_runs = NULL; d->gstats_runs = NULL; d->gapply_runs = NULL;
+    d->apply_run_stream = NULL; d->apply_rows_stream = NULL;
+    d->gapply_run_stream = NULL; d->gapply_rows_stream = NULL;
+    d->apply_run_fused = NULL; d->apply_rows_fused = NULL; d->gstats_run_fused = NULL;
+    d->gstats_rows_fused = NULL; d->gapply_run_fused = NULL; d->gapply_rows_fused = NULL;
+    return b;
+}
+
+/* Every entry of k through the routing layer, then its plain entries alone
+ * (the fallbacks). */
+static void check_all(const cfbn_kernels *k)
+{
+    char name[64];
+    print_entries(k);
+    check_table(k);
+    check_fused_table(k);
+    cfbn_kernels b = plain_only(k, name, sizeof name);
+    check_table(&b);
+    check_fused_table(&b);
+}
+
 int main(void)
 {
+    /* the scalar table's fused entries against the float64 formulas, and its
+     * plain entries under the fallbacks */
+    char name[64];
+    print_entries(&cfbn_kernels_scalar);
+    check_fused_table(&cfbn_kernels_scalar);
+    cfbn_kernels sb = plain_only(&cfbn_kernels_scalar, name, sizeof name);
+    check_fused_table(&sb);
     int tested = 0;
 #if defined(CFBN_HAVE_AVX2)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
-        check_table(&cfbn_kernels_avx2);
-        check_fused_table(&cfbn_kernels_avx2);
+        check_all(&cfbn_kernels_avx2);
         tested++;
     } else {
         printf("kernel_check avx2: skipped, this CPU lacks AVX2/FMA/F16C\n");
     }
 #endif
 #if defined(CFBN_HAVE_NEON)
-    check_table(&cfbn_kernels_neon);
-    check_fused_table(&cfbn_kernels_neon);
+    check_all(&cfbn_kernels_neon);
     tested++;
 #endif
-    if (!tested) {
-        check_table(&cfbn_kernels_scalar);
-        check_fused_table(&cfbn_kernels_scalar);
-    }
+    if (!tested) check_table(&cfbn_kernels_scalar);
     return n_fail != 0;
 }

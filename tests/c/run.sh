@@ -19,7 +19,7 @@ if [ -z "${BUILD_DIR:-}" ]; then
 fi
 mkdir -p "$BUILD_DIR"
 CFLAGS="-O2 -Wall -Wextra -Werror -I$ROOT/csrc"
-SRC="$ROOT/tests/c/kernel_check.c $ROOT/csrc/bn_scalar.c"
+SRC="$ROOT/tests/c/kernel_check.c $ROOT/csrc/bn_scalar.c $ROOT/csrc/bn_route.c"
 
 host=$(uname -m)
 case "$host" in

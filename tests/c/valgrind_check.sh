@@ -30,7 +30,7 @@ CFLAGS="-O2 -g -std=c11 -Wall -Wextra -Werror -fopenmp -I$ROOT/csrc"
 if grep -q "cfbn_fusion" "$ROOT/csrc/cfbn.h"; then
     CFLAGS="$CFLAGS -DCFBN_DRIVER_FUSION"
 fi
-BASE="$ROOT/csrc/bn_scalar.c $ROOT/csrc/bn_driver.c $ROOT/csrc/dispatch.c"
+BASE="$ROOT/csrc/bn_scalar.c $ROOT/csrc/bn_route.c $ROOT/csrc/bn_driver.c $ROOT/csrc/dispatch.c"
 ISA_OBJ=""
 ISA_DEF=""
 case "$(uname -m)" in
@@ -51,7 +51,7 @@ esac
 $CC $CFLAGS $ISA_DEF "$ROOT/tests/c/driver_check.c" $BASE $ISA_OBJ -lm \
     -o "$BUILD_DIR/driver_check"
 # shellcheck disable=SC2086
-$CC $CFLAGS $ISA_DEF "$ROOT/tests/c/kernel_check.c" "$ROOT/csrc/bn_scalar.c" $ISA_OBJ -lm \
+$CC $CFLAGS $ISA_DEF "$ROOT/tests/c/kernel_check.c" "$ROOT/csrc/bn_scalar.c" "$ROOT/csrc/bn_route.c" $ISA_OBJ -lm \
     -o "$BUILD_DIR/kernel_check"
 
 # passive OpenMP waiting: spinning threads make valgrind's serialized run crawl

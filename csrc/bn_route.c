@@ -1,0 +1,599 @@
+/* The routing layer (bn_route.h).  Baseline flags only: it calls the table
+ * dispatch chose, and its fallbacks are portable C. */
+#include <string.h>
+
+#include "bn_act.h"
+#include "bn_route.h"
+#include "half.h"
+
+/* ---- pass policy ---- */
+
+/* Channels-first reductions go plane by plane in memory order, each plane's
+ * sums kept apart and added per channel in batch order, when planes have at
+ * least PLANE_ORDER_MIN_PLANE elements (and there are not so many planes
+ * that their sums would take a large buffer).  A channel-major walk jumps
+ * between planes C*S elements apart, often a multiple of the page size, so
+ * the planes of one channel crowd a few cache sets; measured, memory order
+ * wins from 16x16 planes on, even where the fused per-channel passes would
+ * find a channel's slice in L2 the second time. */
+#define PLANE_ORDER_MIN_PLANE 256
+#define PLANE_ORDER_MAX_PLANES ((int64_t)1 << 20)
+/* Elementwise channels-first passes walk memory in order when a plane has
+ * at least this many elements; smaller planes go channel by channel, all of
+ * a channel's planes in one kernel call, since a call per small plane costs
+ * more than the prefetch-friendly order saves. */
+#define FLAT_MIN_PLANE 128
+/* Outputs are written with non-temporal stores when a pass touches at least
+ * this many bytes (all its tensors): they cannot stay in the last-level
+ * cache anyway, and skipping the read for ownership of every output line
+ * saves up to a third of the traffic.  Measured on a 32 MB L3, repeating a
+ * pass over the same tensors: the gradient pass (three tensors) gains from
+ * 38 MB in all on and ties at 19 MB; the normalization pass (two) ties or
+ * loses below 50 MB and gains from 100 MB on. */
+#define STREAM_MIN_BYTES_APPLY ((int64_t)64 << 20)
+#define STREAM_MIN_BYTES_GRAD ((int64_t)32 << 20)
+/* Channels-first training passes over tensors that do not fit the last-level
+ * cache go a channel at a time where plane order applies: the channel's sums
+ * plane by plane, then its output while the channel's slice is still in
+ * cache, so the inputs come from memory once instead of twice.  The slice
+ * (of every tensor read) must fit a core's share of that cache.  Measured on
+ * (64,64,112,112) float32 at 2 threads (3.2 MB a channel per tensor) against
+ * plane order: training forward 9.0 -> 8.3 ms and gradient 15.0 -> 14.6 ms
+ * while the two threads got 61 GB/s of copy bandwidth, gradient 24 -> 19 ms
+ * while they got 38.  On (32,64,56,56), whose 51 MB of dy and x still mostly
+ * hit a 32 MB L3, the gradient went 1.4 -> 2.1 ms: hence the 128 MB floor. */
+#define CHANNEL_PASS_MIN_BYTES ((int64_t)128 << 20)
+#define CHANNEL_PASS_MAX_SLICE ((int64_t)8 << 20)
+
+int cfbn_route_stream(int64_t bytes, int grad)
+{
+    return bytes >= (grad ? STREAM_MIN_BYTES_GRAD : STREAM_MIN_BYTES_APPLY);
+}
+
+int cfbn_route_plane_order(int64_t S, int64_t planes)
+{
+    return S >= PLANE_ORDER_MIN_PLANE && planes <= PLANE_ORDER_MAX_PLANES;
+}
+
+int cfbn_route_flat(int64_t S)
+{
+    return S >= FLAT_MIN_PLANE;
+}
+
+int cfbn_route_per_channel(int64_t pieces, int planes, int64_t slice, int64_t C)
+{
+    if (pieces != 1) return 0;
+    if (!planes) return 1;
+    return slice <= CHANNEL_PASS_MAX_SLICE && slice * C >= CHANNEL_PASS_MIN_BYTES;
+}
+
+/* ---- tables ---- */
+
+const cfbn_float_kernels *cfbn_route_float_table(const cfbn_kernels *k, int dtype)
+{
+    return dtype == CFBN_F16 ? &k->f16 : &k->f32;
+}
+
+static size_t storage_size(int dtype)
+{
+    return dtype == CFBN_F64 ? 8 : dtype == CFBN_F16 ? 2 : 4;
+}
+
+static const void *at(const void *p, int64_t i, size_t esize)
+{
+    return p ? (const char *)p + (size_t)i * esize : NULL;
+}
+
+static void *at_w(void *p, int64_t i, size_t esize)
+{
+    return p ? (char *)p + (size_t)i * esize : NULL;
+}
+
+/* Streaming stores pay only with whole 16-byte aligned rows of at least 64
+ * bytes: a row that straddles lines would mix streamed and cached writes. */
+static int rows_stream_ok(const void *out, int64_t w, size_t esize)
+{
+    int64_t bytes = w * (int64_t)esize;
+    return ((uintptr_t)out & 15) == 0 && (bytes & 15) == 0 && bytes >= 64;
+}
+
+void cfbn_route_stats(const cfbn_kernels *k, int dtype, const void *x, int64_t rows, int64_t w, int is_run,
+                      const double *shift, double *acc)
+{
+    cfbn_stats_run_fn run;
+    cfbn_stats_rows_fn rw;
+    if (dtype == CFBN_F64) {
+        run = k->f64.stats_run;
+        rw = k->f64.stats_rows;
+    } else {
+        const cfbn_float_kernels *o = cfbn_route_float_table(k, dtype);
+        run = o->stats_run;
+        rw = o->stats_rows;
+    }
+    if (is_run) run(x, rows, shift[0], acc);
+    else rw(x, rows, w, shift, acc);
+}
+
+/* ---- the fused fallback: L1-sized blocks ----
+ * A call is cut into blocks of at most FUSE_BLOCK elements: whole rows when
+ * a row fits, else pieces of one row (a run is one row whose parameters do
+ * not vary).  Per block, the plain kernel writes the pre-activation into an
+ * L1-resident buffer and the activation loop reads it back from there, so
+ * memory traffic is that of the plain pass.  Blocks depend only on the
+ * shape, so results are deterministic; block sums are added in block order.
+ * Every output is written from block buffers after all inputs of the block
+ * have been read, so an output may be the very array of any input (y may be
+ * x or side; dx and side_grad may be dy or x).  Half tensors are widened to
+ * float per block and run the float32 kernels: the pre-activation and g are
+ * never rounded to half. */
+
+#define FUSE_BLOCK 512
+
+typedef struct {
+    int64_t rows, w, r, j;
+    int is_run;
+} fuse_iter;
+
+typedef struct {
+    int64_t off, rows, w, col;   /* col: first parameter column of the block */
+} fuse_blk;
+
+static fuse_iter fuse_begin(int64_t rows, int64_t w, int is_run)
+{
+    fuse_iter it = {rows, w, 0, 0, is_run};
+    return it;
+}
+
+static int fuse_next(fuse_iter *it, fuse_blk *b)
+{
+    if (it->w <= 0 || it->r >= it->rows) return 0;
+    if (it->is_run || it->w > FUSE_BLOCK) {
+        int64_t k = it->w - it->j < FUSE_BLOCK ? it->w - it->j : FUSE_BLOCK;
+        b->off = it->r * it->w + it->j;
+        b->rows = 1;
+        b->w = k;
+        b->col = it->is_run ? 0 : it->j;
+        it->j += k;
+        if (it->j >= it->w) {
+            it->j = 0;
+            it->r++;
+        }
+    } else {
+        int64_t kr = FUSE_BLOCK / it->w;
+        if (kr > it->rows - it->r) kr = it->rows - it->r;
+        b->off = it->r * it->w;
+        b->rows = kr;
+        b->w = it->w;
+        b->col = 0;
+        it->r += kr;
+    }
+    return 1;
+}
+
+/* Adds a block's gradient sums (part: 2 for a run, 2 b->w for rows) to the
+ * call's (acc: 2, or 2 w laid out as [sums of dy | sums of dy * d]). */
+static void fuse_add_part(double *acc, const double *part, const fuse_blk *b, int64_t w, int is_run)
+{
+    if (is_run) {
+        acc[0] += part[0];
+        acc[1] += part[1];
+        return;
+    }
+    for (int64_t j = 0; j < b->w; j++) {
+        acc[b->col + j] += part[j];
+        acc[w + b->col + j] += part[b->w + j];
+    }
+}
+
+static float load_f(int dtype, const void *p, int64_t i)
+{
+    return dtype == CFBN_F16 ? cfbn_half_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static void widen_f(int dtype, const void *src, float *dst, int64_t n)
+{
+    if (dtype != CFBN_F16) {
+        memcpy(dst, src, (size_t)n * sizeof *dst);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) dst[i] = cfbn_half_to_float(((const uint16_t *)src)[i]);
+}
+
+static void narrow_f(int dtype, const float *src, void *dst, int64_t n)
+{
+    if (dtype != CFBN_F16) {
+        memmove(dst, src, (size_t)n * sizeof *src);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = cfbn_float_to_half(src[i]);
+}
+
+/* x of the block as float: in place for float tensors, widened into xb for
+ * half ones */
+static const float *block_x_f(int dtype, const void *x, const fuse_blk *b, float *xb)
+{
+    const void *xs = at(x, b->off, storage_size(dtype));
+    if (dtype != CFBN_F16) return (const float *)xs;
+    widen_f(dtype, xs, xb, b->rows * b->w);
+    return xb;
+}
+
+static void fallback_apply_f32(const cfbn_float_kernels *o, int dtype, const void *x, void *y, int64_t rows,
+                               int64_t w, int is_run, const cfbn_apply_f32 *p)
+{
+    float xb[FUSE_BLOCK], tb[FUSE_BLOCK];
+    size_t es = storage_size(dtype);
+    fuse_iter it = fuse_begin(rows, w, is_run);
+    fuse_blk b;
+    while (fuse_next(&it, &b)) {
+        int64_t n = b.rows * b.w;
+        const float *xs = block_x_f(dtype, x, &b, xb);
+        cfbn_apply_f32 q = {p->mhi + b.col, p->mlo + b.col, p->alpha + b.col, p->beta + b.col, 0, 0, 0.0f, NULL, 0, 0};
+        if (is_run) o->apply_run(xs, tb, n, &q);
+        else o->apply_rows(xs, tb, b.rows, b.w, &q);
+        const void *side = at(p->side, b.off, es);
+        void *out = at_w(y, b.off, es);
+        for (int64_t i = 0; i < n; i++) {
+            float v = tb[i];
+            if (side) v += load_f(dtype, side, i);
+            tb[i] = cfbn_act_f32(p->act, v, p->act_alpha);
+        }
+        narrow_f(dtype, tb, out, n);
+    }
+}
+
+/* tb = g of the block: dy * act'(pre), pre recomputed from xs */
+static void block_g_f32(const cfbn_float_kernels *o, int dtype, const float *xs, const void *dy,
+                        const cfbn_grad_f32 *p, const fuse_blk *b, int is_run, float *tb)
+{
+    int64_t n = b->rows * b->w;
+    size_t es = storage_size(dtype);
+    if (p->act != CFBN_ACT_NONE) {
+        cfbn_apply_f32 q = {p->mhi + b->col, p->mlo + b->col, p->ya + b->col, p->yb + b->col, 0, 0, 0.0f, NULL, 0, 0};
+        if (is_run) o->apply_run(xs, tb, n, &q);
+        else o->apply_rows(xs, tb, b->rows, b->w, &q);
+    } else {
+        memset(tb, 0, (size_t)n * sizeof *tb);
+    }
+    const void *d = at(dy, b->off, es), *side = at(p->side, b->off, es);
+    for (int64_t i = 0; i < n; i++) {
+        float v = tb[i];
+        if (side) v += load_f(dtype, side, i);
+        tb[i] = load_f(dtype, d, i) * cfbn_act_grad_f32(p->act, v, p->act_alpha);
+    }
+}
+
+static void fallback_gstats_f32(const cfbn_float_kernels *o, int dtype, const void *dy, const void *x,
+                                int64_t rows, int64_t w, int is_run, const cfbn_grad_f32 *p, double *acc)
+{
+    float xb[FUSE_BLOCK], tb[FUSE_BLOCK];
+    double part[2 * FUSE_BLOCK];
+    int64_t na = is_run ? 1 : w;
+    for (int64_t j = 0; j < 2 * na; j++) acc[j] = 0.0;
+    fuse_iter it = fuse_begin(rows, w, is_run);
+    fuse_blk b;
+    while (fuse_next(&it, &b)) {
+        int64_t n = b.rows * b.w;
+        const float *xs = block_x_f(dtype, x, &b, xb);
+        block_g_f32(o, dtype, xs, dy, p, &b, is_run, tb);
+        cfbn_grad_f32 q = {p->mhi + b.col, p->mlo + b.col, NULL, NULL, NULL, 0, 0, 0.0f, NULL, NULL, NULL, NULL, 0, 0};
+        if (is_run) o->gstats_run(tb, xs, n, &q, part);
+        else o->gstats_rows(tb, xs, b.rows, b.w, &q, part);
+        fuse_add_part(acc, part, &b, w, is_run);
+    }
+}
+
+static void fallback_gapply_f32(const cfbn_float_kernels *o, int dtype, const void *dy, const void *x, void *dx,
+                                int64_t rows, int64_t w, int is_run, const cfbn_grad_f32 *p)
+{
+    float xb[FUSE_BLOCK], tb[FUSE_BLOCK], ub[FUSE_BLOCK];
+    size_t es = storage_size(dtype);
+    fuse_iter it = fuse_begin(rows, w, is_run);
+    fuse_blk b;
+    while (fuse_next(&it, &b)) {
+        int64_t n = b.rows * b.w;
+        widen_f(dtype, at(x, b.off, es), xb, n);
+        block_g_f32(o, dtype, xb, dy, p, &b, is_run, tb);
+        cfbn_grad_f32 q = {p->mhi + b.col, p->mlo + b.col, p->a + b.col, p->b + b.col, p->c + b.col,
+                           0, 0, 0.0f, NULL, NULL, NULL, NULL, 0, 0};
+        if (is_run) o->gapply_run(tb, xb, ub, n, &q);
+        else o->gapply_rows(tb, xb, ub, b.rows, b.w, &q);
+        if (p->side_grad) narrow_f(dtype, tb, at_w(p->side_grad, b.off, es), n);
+        narrow_f(dtype, ub, at_w(dx, b.off, es), n);
+    }
+}
+
+/* Float64 activations run the libm formulas of bn_math.h one element at a
+ * time. */
+static void fallback_apply_f64(const cfbn_double_kernels *o, const double *x, double *y, int64_t rows, int64_t w,
+                               int is_run, const cfbn_apply_f64 *p)
+{
+    double tb[FUSE_BLOCK];
+    const double *side = p->side;
+    fuse_iter it = fuse_begin(rows, w, is_run);
+    fuse_blk b;
+    while (fuse_next(&it, &b)) {
+        int64_t n = b.rows * b.w;
+        cfbn_apply_f64 q = {p->mhi + b.col, p->mlo + b.col, p->alpha + b.col, p->beta + b.col, 0, 0, 0.0, NULL, 0, 0};
+        if (is_run) o->apply_run(x + b.off, tb, n, &q);
+        else o->apply_rows(x + b.off, tb, b.rows, b.w, &q);
+        for (int64_t i = 0; i < n; i++) {
+            double v = tb[i];
+            if (side) v += side[b.off + i];
+            y[b.off + i] = cfbn_act_f64(p->act, v, p->act_alpha);
+        }
+    }
+}
+
+static void block_g_f64(const cfbn_double_kernels *o, const double *dy, const double *x, const cfbn_grad_f64 *p,
+                        const fuse_blk *b, int is_run, double *tb)
+{
+    int64_t n = b->rows * b->w;
+    const double *side = p->side;
+    if (p->act == CFBN_ACT_NONE) {
+        memcpy(tb, dy + b->off, (size_t)n * sizeof *tb);
+        return;
+    }
+    cfbn_apply_f64 q = {p->mhi + b->col, p->mlo + b->col, p->ya + b->col, p->yb + b->col, 0, 0, 0.0, NULL, 0, 0};
+    if (is_run) o->apply_run(x + b->off, tb, n, &q);
+    else o->apply_rows(x + b->off, tb, b->rows, b->w, &q);
+    for (int64_t i = 0; i < n; i++) {
+        double v = tb[i];
+        if (side) v += side[b->off + i];
+        tb[i] = dy[b->off + i] * cfbn_act_grad_f64(p->act, v, p->act_alpha);
+    }
+}
+
+static void fallback_gstats_f64(const cfbn_double_kernels *o, const double *dy, const double *x, int64_t rows,
+                                int64_t w, int is_run, const cfbn_grad_f64 *p, double *acc)
+{
+    double tb[FUSE_BLOCK], part[2 * FUSE_BLOCK];
+    int64_t na = is_run ? 1 : w;
+    for (int64_t j = 0; j < 2 * na; j++) acc[j] = 0.0;
+    fuse_iter it = fuse_begin(rows, w, is_run);
+    fuse_blk b;
+    while (fuse_next(&it, &b)) {
+        int64_t n = b.rows * b.w;
+        block_g_f64(o, dy, x, p, &b, is_run, tb);
+        cfbn_grad_f64 q = {p->mhi + b.col, p->mlo + b.col, NULL, NULL, NULL, 0, 0, 0.0, NULL, NULL, NULL, NULL, 0, 0};
+        if (is_run) o->gstats_run(tb, x + b.off, n, &q, part);
+        else o->gstats_rows(tb, x + b.off, b.rows, b.w, &q, part);
+        fuse_add_part(acc, part, &b, w, is_run);
+    }
+}
+
+static void fallback_gapply_f64(const cfbn_double_kernels *o, const double *dy, const double *x, double *dx,
+                                int64_t rows, int64_t w, int is_run, const cfbn_grad_f64 *p)
+{
+    double xb[FUSE_BLOCK], tb[FUSE_BLOCK], ub[FUSE_BLOCK];
+    fuse_iter it = fuse_begin(rows, w, is_run);
+    fuse_blk b;
+    while (fuse_next(&it, &b)) {
+        int64_t n = b.rows * b.w;
+        memcpy(xb, x + b.off, (size_t)n * sizeof *xb);
+        block_g_f64(o, dy, x, p, &b, is_run, tb);
+        cfbn_grad_f64 q = {p->mhi + b.col, p->mlo + b.col, p->a + b.col, p->b + b.col, p->c + b.col,
+                           0, 0, 0.0, NULL, NULL, NULL, NULL, 0, 0};
+        if (is_run) o->gapply_run(tb, xb, ub, n, &q);
+        else o->gapply_rows(tb, xb, ub, b.rows, b.w, &q);
+        if (p->side_grad) memmove((double *)p->side_grad + b.off, tb, (size_t)n * sizeof *tb);
+        memmove(dx + b.off, ub, (size_t)n * sizeof *ub);
+    }
+}
+
+/* ---- routing ----
+ * Each call: several runs go to the *_runs entry when there is one and the
+ * call is plain with regular stores, else one routed call per run; one run
+ * or rows: fused entry (or the block fallback) when fused, the streaming
+ * entry when asked for and present, else the plain entry. */
+
+static int apply_fused(int act, const void *side)
+{
+    return act != CFBN_ACT_NONE || side != NULL;
+}
+
+void cfbn_route_apply_f32(const cfbn_kernels *k, int dtype, const void *x, void *y, int64_t rows, int64_t w,
+                          int is_run, const cfbn_apply_f32 *p)
+{
+    const cfbn_float_kernels *o = cfbn_route_float_table(k, dtype);
+    size_t es = storage_size(dtype);
+    int fused = apply_fused(p->act, p->side);
+    if (is_run && p->runs > 1) {
+        if (o->apply_runs && !fused && !p->stream) {
+            o->apply_runs(x, y, rows, p);
+            return;
+        }
+        cfbn_apply_f32 q = *p;
+        q.runs = 1;
+        for (int64_t r = 0; r < p->runs; r++) {
+            q.side = at(p->side, r * p->stride, es);
+            cfbn_route_apply_f32(k, dtype, at(x, r * p->stride, es), at_w(y, r * p->stride, es), rows, w, 1, &q);
+        }
+        return;
+    }
+    if (fused) {
+        if (is_run && o->apply_run_fused) o->apply_run_fused(x, y, rows, p);
+        else if (!is_run && o->apply_rows_fused) o->apply_rows_fused(x, y, rows, w, p);
+        else fallback_apply_f32(&k->f32, dtype, x, y, is_run ? 1 : rows, is_run ? rows : w, is_run, p);
+        return;
+    }
+    if (is_run) {
+        if (p->stream && o->apply_run_stream) o->apply_run_stream(x, y, rows, p);
+        else o->apply_run(x, y, rows, p);
+    } else {
+        if (p->stream && o->apply_rows_stream && rows_stream_ok(y, w, es)) o->apply_rows_stream(x, y, rows, w, p);
+        else o->apply_rows(x, y, rows, w, p);
+    }
+}
+
+void cfbn_route_gstats_f32(const cfbn_kernels *k, int dtype, const void *dy, const void *x, int64_t rows,
+                           int64_t w, int is_run, const cfbn_grad_f32 *p, double *acc)
+{
+    const cfbn_float_kernels *o = cfbn_route_float_table(k, dtype);
+    size_t es = storage_size(dtype);
+    int fused = p->act != CFBN_ACT_NONE;
+    if (is_run && p->runs > 1) {
+        if (o->gstats_runs && !fused) {
+            o->gstats_runs(dy, x, rows, p, acc);
+            return;
+        }
+        cfbn_grad_f32 q = *p;
+        q.runs = 1;
+        double s1 = 0.0, s2 = 0.0, part[2];
+        for (int64_t r = 0; r < p->runs; r++) {
+            q.side = at(p->side, r * p->stride, es);
+            cfbn_route_gstats_f32(k, dtype, at(dy, r * p->stride, es), at(x, r * p->stride, es), rows, w, 1, &q,
+                                  part);
+            s1 += part[0];
+            s2 += part[1];
+        }
+        acc[0] = s1;
+        acc[1] = s2;
+        return;
+    }
+    if (fused) {
+        if (is_run && o->gstats_run_fused) o->gstats_run_fused(dy, x, rows, p, acc);
+        else if (!is_run && o->gstats_rows_fused) o->gstats_rows_fused(dy, x, rows, w, p, acc);
+        else fallback_gstats_f32(&k->f32, dtype, dy, x, is_run ? 1 : rows, is_run ? rows : w, is_run, p, acc);
+        return;
+    }
+    if (is_run) o->gstats_run(dy, x, rows, p, acc);
+    else o->gstats_rows(dy, x, rows, w, p, acc);
+}
+
+void cfbn_route_gapply_f32(const cfbn_kernels *k, int dtype, const void *dy, const void *x, void *dx,
+                           int64_t rows, int64_t w, int is_run, const cfbn_grad_f32 *p)
+{
+    const cfbn_float_kernels *o = cfbn_route_float_table(k, dtype);
+    size_t es = storage_size(dtype);
+    int fused = p->act != CFBN_ACT_NONE || p->side_grad != NULL;
+    if (is_run && p->runs > 1) {
+        if (o->gapply_runs && !fused && !p->stream) {
+            o->gapply_runs(dy, x, dx, rows, p);
+            return;
+        }
+        cfbn_grad_f32 q = *p;
+        q.runs = 1;
+        for (int64_t r = 0; r < p->runs; r++) {
+            q.side = at(p->side, r * p->stride, es);
+            q.side_grad = at_w(p->side_grad, r * p->stride, es);
+            cfbn_route_gapply_f32(k, dtype, at(dy, r * p->stride, es), at(x, r * p->stride, es),
+                                  at_w(dx, r * p->stride, es), rows, w, 1, &q);
+        }
+        return;
+    }
+    if (fused) {
+        if (is_run && o->gapply_run_fused) o->gapply_run_fused(dy, x, dx, rows, p);
+        else if (!is_run && o->gapply_rows_fused) o->gapply_rows_fused(dy, x, dx, rows, w, p);
+        else fallback_gapply_f32(&k->f32, dtype, dy, x, dx, is_run ? 1 : rows, is_run ? rows : w, is_run, p);
+        return;
+    }
+    if (is_run) {
+        if (p->stream && o->gapply_run_stream) o->gapply_run_stream(dy, x, dx, rows, p);
+        else o->gapply_run(dy, x, dx, rows, p);
+    } else {
+        if (p->stream && o->gapply_rows_stream && rows_stream_ok(dx, w, es)) o->gapply_rows_stream(dy, x, dx, rows, w, p);
+        else o->gapply_rows(dy, x, dx, rows, w, p);
+    }
+}
+
+void cfbn_route_apply_f64(const cfbn_kernels *k, const void *x, void *y, int64_t rows, int64_t w, int is_run,
+                          const cfbn_apply_f64 *p)
+{
+    const cfbn_double_kernels *o = &k->f64;
+    int fused = apply_fused(p->act, p->side);
+    if (is_run && p->runs > 1) {
+        if (o->apply_runs && !fused && !p->stream) {
+            o->apply_runs(x, y, rows, p);
+            return;
+        }
+        cfbn_apply_f64 q = *p;
+        q.runs = 1;
+        for (int64_t r = 0; r < p->runs; r++) {
+            q.side = at(p->side, r * p->stride, 8);
+            cfbn_route_apply_f64(k, at(x, r * p->stride, 8), at_w(y, r * p->stride, 8), rows, w, 1, &q);
+        }
+        return;
+    }
+    if (fused) {
+        if (is_run && o->apply_run_fused) o->apply_run_fused(x, y, rows, p);
+        else if (!is_run && o->apply_rows_fused) o->apply_rows_fused(x, y, rows, w, p);
+        else fallback_apply_f64(o, x, y, is_run ? 1 : rows, is_run ? rows : w, is_run, p);
+        return;
+    }
+    if (is_run) {
+        if (p->stream && o->apply_run_stream) o->apply_run_stream(x, y, rows, p);
+        else o->apply_run(x, y, rows, p);
+    } else {
+        if (p->stream && o->apply_rows_stream && rows_stream_ok(y, w, 8)) o->apply_rows_stream(x, y, rows, w, p);
+        else o->apply_rows(x, y, rows, w, p);
+    }
+}
+
+void cfbn_route_gstats_f64(const cfbn_kernels *k, const void *dy, const void *x, int64_t rows, int64_t w,
+                           int is_run, const cfbn_grad_f64 *p, double *acc)
+{
+    const cfbn_double_kernels *o = &k->f64;
+    int fused = p->act != CFBN_ACT_NONE;
+    if (is_run && p->runs > 1) {
+        if (o->gstats_runs && !fused) {
+            o->gstats_runs(dy, x, rows, p, acc);
+            return;
+        }
+        cfbn_grad_f64 q = *p;
+        q.runs = 1;
+        double s1 = 0.0, s2 = 0.0, part[2];
+        for (int64_t r = 0; r < p->runs; r++) {
+            q.side = at(p->side, r * p->stride, 8);
+            cfbn_route_gstats_f64(k, at(dy, r * p->stride, 8), at(x, r * p->stride, 8), rows, w, 1, &q, part);
+            s1 += part[0];
+            s2 += part[1];
+        }
+        acc[0] = s1;
+        acc[1] = s2;
+        return;
+    }
+    if (fused) {
+        if (is_run && o->gstats_run_fused) o->gstats_run_fused(dy, x, rows, p, acc);
+        else if (!is_run && o->gstats_rows_fused) o->gstats_rows_fused(dy, x, rows, w, p, acc);
+        else fallback_gstats_f64(o, dy, x, is_run ? 1 : rows, is_run ? rows : w, is_run, p, acc);
+        return;
+    }
+    if (is_run) o->gstats_run(dy, x, rows, p, acc);
+    else o->gstats_rows(dy, x, rows, w, p, acc);
+}
+
+void cfbn_route_gapply_f64(const cfbn_kernels *k, const void *dy, const void *x, void *dx, int64_t rows,
+                           int64_t w, int is_run, const cfbn_grad_f64 *p)
+{
+    const cfbn_double_kernels *o = &k->f64;
+    int fused = p->act != CFBN_ACT_NONE || p->side_grad != NULL;
+    if (is_run && p->runs > 1) {
+        if (o->gapply_runs && !fused && !p->stream) {
+            o->gapply_runs(dy, x, dx, rows, p);
+            return;
+        }
+        cfbn_grad_f64 q = *p;
+        q.runs = 1;
+        for (int64_t r = 0; r < p->runs; r++) {
+            q.side = at(p->side, r * p->stride, 8);
+            q.side_grad = at_w(p->side_grad, r * p->stride, 8);
+            cfbn_route_gapply_f64(k, at(dy, r * p->stride, 8), at(x, r * p->stride, 8),
+                                  at_w(dx, r * p->stride, 8), rows, w, 1, &q);
+        }
+        return;
+    }
+    if (fused) {
+        if (is_run && o->gapply_run_fused) o->gapply_run_fused(dy, x, dx, rows, p);
+        else if (!is_run && o->gapply_rows_fused) o->gapply_rows_fused(dy, x, dx, rows, w, p);
+        else fallback_gapply_f64(o, dy, x, dx, is_run ? 1 : rows, is_run ? rows : w, is_run, p);
+        return;
+    }
+    if (is_run) {
+        if (p->stream && o->gapply_run_stream) o->gapply_run_stream(dy, x, dx, rows, p);
+        else o->gapply_run(dy, x, dx, rows, p);
+    } else {
+        if (p->stream && o->gapply_rows_stream && rows_stream_ok(dx, w, 8)) o->gapply_rows_stream(dy, x, dx, rows, w, p);
+        else o->gapply_rows(dy, x, dx, rows, w, p);
+    }
+}
