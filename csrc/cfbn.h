@@ -1,5 +1,7 @@
 /* cfbn kernel interface: the table of kernels every ISA file exports, and
- * the driver entry points the Cython layer calls.
+ * the driver entry points the Cython layer calls.  How the files fit
+ * together (driver -> bn_route.c -> table), and how to add an ISA or a
+ * dtype: csrc/README.md.
  *
  * Two shapes of data cover every layout:
  *   - a "run": n contiguous elements of one channel (NCHW, NCDHW: one (n, c)
