@@ -9,9 +9,11 @@
  * parameters, because then every lane always sees the same column; other
  * widths go row by row with a masked tail.
  *
- * Fused activations (bn_fuse.h drives the blocks): relu, relu6 and leaky relu
- * by max/min/blend; elu, sigmoid, tanh and silu through exp_ps, a Cephes-style
- * expf; float64 tensors use bn_act.h's libm formulas. */
+ * Fused activations of f32 and f16 tensors run inside the vector loops (the
+ * *_fused_* entries): relu, relu6 and leaky relu by max/min/blend; elu,
+ * sigmoid, tanh and silu through exp_ps, a Cephes-style expf.  float64
+ * tensors take the routing layer's fallback: these plain kernels over
+ * L1-sized blocks and bn_math.h's libm formulas. */
 #include "cfbn.h"
 #include "bn_runs.h"
 
@@ -1150,38 +1152,513 @@ INLINE __m256 act_grad_ps(__m256 v, int kind, __m256 al)
     }
 }
 
-INLINE void act_loop_ps(const float *t, const void *side, void *out, int64_t n, int half, int kind, float alpha)
+/* ---- fused activation and side input inside the vector loops ----
+ * One pass per call, everything in registers: the pre-activation, the
+ * activation or its derivative and the side input are formed in the loop
+ * that reads x, so a fused call costs the plain call's memory traffic (plus
+ * side's) and a few vector operations per element.  The activation kind, the
+ * presence of a side input and the storage type are constants of each loop
+ * (CFBN_ACT_SPECIALIZE): the kind is chosen once per call.
+ *
+ * The pre-activation is formed with the plain kernels' FMA, then side is
+ * added and act_ps or act_grad_ps applied, element for element.  Every vector is read in full before its position is written, so y
+ * may be x or side, and dx and side_grad may be dy or x.
+ *
+ * The gradient sums are accumulated in double directly (gstats_step): the
+ * product of two floats is exact in double, so there is no float block sum
+ * that could leave float's range and no second pass to redo it; the
+ * conversions it costs are hidden behind the activation's arithmetic and the
+ * loads (benchmarks/fusion.py). */
+
+/* The pre-activation's parameter set of one 8-lane block: mhi, mlo, alpha
+ * (ya for the gradient), beta (yb). */
+INLINE __m256 fused_pre_ps(__m256 x, __m256 s, const __m256 *q, int has_side)
 {
-    __m256 al = _mm256_set1_ps(alpha);
+    __m256 v = apply_ps(x, q[0], q[1], q[2], q[3]);
+    return has_side ? _mm256_add_ps(v, s) : v;
+}
+
+/* g = dy * act'(pre); dy itself without an activation (side unread then) */
+INLINE __m256 fused_g_ps(__m256 dy, __m256 x, __m256 s, const __m256 *q, int kind, int has_side, __m256 al)
+{
+    if (kind == CFBN_ACT_NONE) return dy;
+    return _mm256_mul_ps(dy, act_grad_ps(fused_pre_ps(x, s, q, has_side), kind, al));
+}
+
+/* Parameters of the masked tail columns [full, full + cnt) of a row; the
+ * dead lanes are 0, whatever they compute is never stored or summed. */
+INLINE void tail_params_ps(const float *const *v, int k, int64_t full, int64_t cnt, __m256 *out)
+{
+    __m256i mk = mask_ps(cnt);
+    for (int i = 0; i < k; i++) out[i] = cnt ? _mm256_maskload_ps(v[i] + full, mk) : _mm256_setzero_ps();
+}
+
+/* ya or yb, which are given only with an activation: without one they are
+ * never used, and mhi (of the same w columns) stands in for them so that
+ * the loops' parameter loads stay in bounds */
+INLINE const float *yab_ps(const float *v, const cfbn_grad_f32 *p)
+{
+    return p->act != CFBN_ACT_NONE ? v : p->mhi;
+}
+
+INLINE void col_params_ps(const float *const *v, int k, int64_t j, __m256 *out)
+{
+    for (int i = 0; i < k; i++) out[i] = _mm256_loadu_ps(v[i] + j);
+}
+
+/* Whole vectors of fused outputs: with nt, non-temporal stores (float
+ * tensors whose output is 16-byte aligned at every vector, as the plain
+ * *_nt kernels write when the router asks for streaming); tails use regular
+ * stores. */
+INLINE void st8_out(void *p, int64_t i, __m256 v, int half, int nt)
+{
+    if (nt) st8_nt((float *)p + i, v);
+    else st8(p, i, v, half);
+}
+
+/* Streaming for a fused call: asked for, float storage, and every vector of
+ * the outputs 16-byte aligned (rows: whole rows of a multiple of 4). */
+INLINE int fused_nt(int stream, int half, const void *out, const void *out2, int64_t w)
+{
+    return stream && !half && ((uintptr_t)out & 15) == 0 && ((uintptr_t)out2 & 15) == 0 && (w & 3) == 0;
+}
+
+/* ---- forward: y = act(pre + side) ---- */
+
+/* q: mhi, mlo, alpha, beta of even 8-blocks, then of odd blocks */
+INLINE void fapply_flat_ps(const void *x, const void *side, void *y, int64_t n, const __m256 *q, int kind, int hs,
+                           __m256 al, int half, int nt)
+{
+    const __m256 z = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 v = _mm256_loadu_ps(t + i);
-        if (side) v = _mm256_add_ps(v, ld8(side, i, half));
-        st8(out, i, act_ps(v, kind, al), half);
+    for (; i + 16 <= n; i += 16) {
+        __m256 x0 = ld8(x, i, half), x1 = ld8(x, i + 8, half);
+        __m256 s0 = hs ? ld8(side, i, half) : z, s1 = hs ? ld8(side, i + 8, half) : z;
+        st8_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), half, nt);
+        st8_out(y, i + 8, act_ps(fused_pre_ps(x1, s1, q + 4, hs), kind, al), half, nt);
+    }
+    if (i + 8 <= n) {
+        __m256 x0 = ld8(x, i, half), s0 = hs ? ld8(side, i, half) : z;
+        st8_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), half, nt);
+        i += 8;
     }
     if (i < n) {
+        const __m256 *r = q + 4 * ((i >> 3) & 1);
         int64_t cnt = n - i;
-        __m256 v = ld_part(t, i, cnt, cnt, 0);
-        if (side) v = _mm256_add_ps(v, ld_part(side, i, cnt, cnt, half));
-        st_part(out, i, act_ps(v, kind, al), cnt, half);
+        __m256 x0 = ld_part(x, i, cnt, cnt, half), s0 = hs ? ld_part(side, i, cnt, cnt, half) : z;
+        st_part(y, i, act_ps(fused_pre_ps(x0, s0, r, hs), kind, al), cnt, half);
     }
 }
 
-INLINE void act_grad_loop_ps(float *t, const void *dy, const void *side, int64_t n, int half, int kind, float alpha)
+/* rows of a width that 16 does not divide: 8 columns at a time, a masked
+ * tail at the same columns of every row */
+INLINE void fapply_rows_w_ps(const void *x, const void *side, void *y, int64_t rows, int64_t w,
+                             const cfbn_apply_f32 *p, int kind, int hs, __m256 al, int half, int nt)
 {
-    __m256 al = _mm256_set1_ps(alpha);
+    const float *const v[4] = {p->mhi, p->mlo, p->alpha, p->beta};
+    const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
+    const __m256 z = _mm256_setzero_ps();
+    __m256 t[4];
+    tail_params_ps(v, 4, full, cnt, t);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += 8) {
+            __m256 q[4];
+            col_params_ps(v, 4, j, q);
+            __m256 x0 = ld8(x, o + j, half), s0 = hs ? ld8(side, o + j, half) : z;
+            st8_out(y, o + j, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), half, nt);
+        }
+        if (cnt) {
+            const int64_t av = n - o - full;
+            __m256 x0 = ld_part(x, o + full, cnt, av, half), s0 = hs ? ld_part(side, o + full, cnt, av, half) : z;
+            st_part(y, o + full, act_ps(fused_pre_ps(x0, s0, t, hs), kind, al), cnt, half);
+        }
+    }
+}
+
+INLINE void fapply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int half)
+{
+    const int nt = fused_nt(p->stream, half, y, y, 0);
+    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
+    __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]), al = _mm256_set1_ps(p->act_alpha);
+    const __m256 q[8] = {m, l, a, b, m, l, a, b};
+    const void *side = p->side;
+#define FAPPLY_RUN(k)                                                   \
+    if (side) fapply_flat_ps(x, side, y, n, q, k, 1, al, half, nt);     \
+    else fapply_flat_ps(x, NULL, y, n, q, k, 0, al, half, nt)
+    CFBN_ACT_SPECIALIZE(p->act, FAPPLY_RUN)
+#undef FAPPLY_RUN
+    if (nt) _mm_sfence();
+}
+
+INLINE void fapply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int half)
+{
+    const int nt = fused_nt(p->stream, half, y, y, w);
+    if (w <= 0) return;
+    const void *side = p->side;
+    const __m256 al = _mm256_set1_ps(p->act_alpha);
+    if (16 % w == 0) {
+        __m256 q[8];
+        lanes_ps(p->mhi, w, &q[0], &q[4]);
+        lanes_ps(p->mlo, w, &q[1], &q[5]);
+        lanes_ps(p->alpha, w, &q[2], &q[6]);
+        lanes_ps(p->beta, w, &q[3], &q[7]);
+#define FAPPLY_FLAT(k)                                                          \
+    if (side) fapply_flat_ps(x, side, y, rows * w, q, k, 1, al, half, nt);      \
+    else fapply_flat_ps(x, NULL, y, rows * w, q, k, 0, al, half, nt)
+        CFBN_ACT_SPECIALIZE(p->act, FAPPLY_FLAT)
+#undef FAPPLY_FLAT
+        if (nt) _mm_sfence();
+        return;
+    }
+#define FAPPLY_ROWS(k)                                                          \
+    if (side) fapply_rows_w_ps(x, side, y, rows, w, p, k, 1, al, half, nt);     \
+    else fapply_rows_w_ps(x, NULL, y, rows, w, p, k, 0, al, half, nt)
+    CFBN_ACT_SPECIALIZE(p->act, FAPPLY_ROWS)
+#undef FAPPLY_ROWS
+    if (nt) _mm_sfence();
+}
+
+/* ---- gradient sums: sum g, sum g * ((x - mhi) - mlo), in double ---- */
+
+/* q: mhi, mlo, ya, yb of even 8-blocks, then of odd blocks */
+INLINE void fgstats_flat_ps(const void *dy, const void *x, const void *side, int64_t n, const __m256 *q, int kind,
+                            int hs, __m256 al, int half, acc8 *ea, acc8 *oa)
+{
+    const __m256 z = _mm256_setzero_ps();
+    acc8 a = acc8_zero(), b = acc8_zero();
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 v = _mm256_loadu_ps(t + i);
-        if (side) v = _mm256_add_ps(v, ld8(side, i, half));
-        _mm256_storeu_ps(t + i, _mm256_mul_ps(ld8(dy, i, half), act_grad_ps(v, kind, al)));
+    for (; i + 16 <= n; i += 16) {
+        prefetch_ahead_of(x, i, half);
+        prefetch_ahead_of(dy, i, half);
+        __m256 x0 = ld8(x, i, half), x1 = ld8(x, i + 8, half);
+        __m256 s0 = hs ? ld8(side, i, half) : z, s1 = hs ? ld8(side, i + 8, half) : z;
+        __m256 g0 = fused_g_ps(ld8(dy, i, half), x0, s0, q, kind, hs, al);
+        __m256 g1 = fused_g_ps(ld8(dy, i + 8, half), x1, s1, q + 4, kind, hs, al);
+        gstats_step(&a, g0, centered_ps(x0, q[0], q[1]));
+        gstats_step(&b, g1, centered_ps(x1, q[4], q[5]));
+    }
+    int odd = 0;
+    if (i + 8 <= n) {
+        __m256 x0 = ld8(x, i, half), s0 = hs ? ld8(side, i, half) : z;
+        gstats_step(&a, fused_g_ps(ld8(dy, i, half), x0, s0, q, kind, hs, al), centered_ps(x0, q[0], q[1]));
+        i += 8;
+        odd = 1;
     }
     if (i < n) {
+        const __m256 *r = q + 4 * odd;
         int64_t cnt = n - i;
-        __m256 v = ld_part(t, i, cnt, cnt, 0);
-        if (side) v = _mm256_add_ps(v, ld_part(side, i, cnt, cnt, half));
-        st_part(t, i, _mm256_mul_ps(ld_part(dy, i, cnt, cnt, half), act_grad_ps(v, kind, al)), cnt, 0);
+        __m256i mk = mask_ps(cnt);
+        __m256 x0 = ld_part(x, i, cnt, cnt, half), s0 = hs ? ld_part(side, i, cnt, cnt, half) : z;
+        /* dead lanes: g and d are masked to 0, whatever the activation of
+         * a zero pre-activation gives */
+        __m256 g = and_ps(fused_g_ps(ld_part(dy, i, cnt, cnt, half), x0, s0, r, kind, hs, al), mk);
+        __m256 d = and_ps(centered_ps(x0, r[0], r[1]), mk);
+        gstats_step(odd ? &b : &a, g, d);
     }
+    *ea = a;
+    *oa = b;
+}
+
+INLINE void acc8_add_to(const acc8 *a, double *s1, double *s2)
+{
+    acc8 c = acc8_load(s1, s2);
+    c.s1lo = _mm256_add_pd(c.s1lo, a->s1lo);
+    c.s1hi = _mm256_add_pd(c.s1hi, a->s1hi);
+    c.s2lo = _mm256_add_pd(c.s2lo, a->s2lo);
+    c.s2hi = _mm256_add_pd(c.s2hi, a->s2hi);
+    acc8_store(&c, s1, s2);
+}
+
+/* rows of a width that 16 does not divide: blocks of 8 rows keep each
+ * 8-column group's sums in registers, added to acc (2 w doubles, in L1)
+ * once per block */
+INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, int64_t rows, int64_t w,
+                              const cfbn_grad_f32 *p, int kind, int hs, __m256 al, int half, double *acc)
+{
+    const float *ya = yab_ps(p->ya, p), *yb = yab_ps(p->yb, p);
+    const float *const v[4] = {p->mhi, p->mlo, ya, yb};
+    const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
+    const size_t es = half ? 2 : 4;
+    const __m256 z = _mm256_setzero_ps();
+    const __m256i mk = mask_ps(cnt);
+    __m256 t[4];
+    tail_params_ps(v, 4, full, cnt, t);
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    acc8 ta = acc8_zero();
+    int64_t r = 0;
+    while (r < rows) {
+        const int64_t kr = rows - r < 8 ? rows - r : 8, o = r * w;
+        for (int64_t j = 0; j < full; j += 8) {
+            __m256 q[4];
+            col_params_ps(v, 4, j, q);
+            if (kr == 8) {
+                prefetch_group_l2(dy, o, j, es);
+                prefetch_group_l2(x, o, j, es);
+            }
+            acc8 c = acc8_zero();
+            for (int64_t k = 0; k < kr; k++) {
+                const int64_t e = o + k * w + j;
+                __m256 x0 = ld8(x, e, half), s0 = hs ? ld8(side, e, half) : z;
+                gstats_step(&c, fused_g_ps(ld8(dy, e, half), x0, s0, q, kind, hs, al), centered_ps(x0, q[0], q[1]));
+            }
+            acc8_add_to(&c, acc + j, acc + w + j);
+        }
+        if (cnt) {
+            for (int64_t k = 0; k < kr; k++) {
+                const int64_t e = o + k * w + full, av = n - e;
+                __m256 x0 = ld_part(x, e, cnt, av, half), s0 = hs ? ld_part(side, e, cnt, av, half) : z;
+                __m256 g = and_ps(fused_g_ps(ld_part(dy, e, cnt, av, half), x0, s0, t, kind, hs, al), mk);
+                gstats_step(&ta, g, and_ps(centered_ps(x0, t[0], t[1]), mk));
+            }
+        }
+        r += kr;
+    }
+    if (cnt) acc8_store_part(&ta, acc + full, acc + w + full, cnt);
+}
+
+INLINE void fgstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int half)
+{
+    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]), al = _mm256_set1_ps(p->act_alpha);
+    __m256 a = _mm256_setzero_ps(), b = a;
+    if (p->act != CFBN_ACT_NONE) {
+        a = _mm256_set1_ps(p->ya[0]);
+        b = _mm256_set1_ps(p->yb[0]);
+    }
+    const __m256 q[8] = {m, l, a, b, m, l, a, b};
+    const void *side = p->side;
+    acc8 e, o;
+#define FGSTATS_RUN(k)                                                          \
+    if (side) fgstats_flat_ps(dy, x, side, n, q, k, 1, al, half, &e, &o);       \
+    else fgstats_flat_ps(dy, x, NULL, n, q, k, 0, al, half, &e, &o)
+    CFBN_ACT_SPECIALIZE(p->act, FGSTATS_RUN)
+#undef FGSTATS_RUN
+    acc[0] = hsum_pd(_mm256_add_pd(_mm256_add_pd(e.s1lo, e.s1hi), _mm256_add_pd(o.s1lo, o.s1hi)));
+    acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(e.s2lo, e.s2hi), _mm256_add_pd(o.s2lo, o.s2hi)));
+}
+
+INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                            double *acc, int half)
+{
+    if (w <= 0) return;
+    const void *side = p->side;
+    const __m256 al = _mm256_set1_ps(p->act_alpha);
+    if (16 % w == 0) {
+        __m256 q[8];
+        double s1[16], s2[16];
+        lanes_ps(p->mhi, w, &q[0], &q[4]);
+        lanes_ps(p->mlo, w, &q[1], &q[5]);
+        q[2] = q[3] = q[6] = q[7] = _mm256_setzero_ps();
+        if (p->act != CFBN_ACT_NONE) {
+            lanes_ps(p->ya, w, &q[2], &q[6]);
+            lanes_ps(p->yb, w, &q[3], &q[7]);
+        }
+        acc8 e, o;
+#define FGSTATS_FLAT(k)                                                                 \
+    if (side) fgstats_flat_ps(dy, x, side, rows * w, q, k, 1, al, half, &e, &o);        \
+    else fgstats_flat_ps(dy, x, NULL, rows * w, q, k, 0, al, half, &e, &o)
+        CFBN_ACT_SPECIALIZE(p->act, FGSTATS_FLAT)
+#undef FGSTATS_FLAT
+        acc8_store(&e, s1, s2);
+        acc8_store(&o, s1 + 8, s2 + 8);
+        fold_lanes(s1, 16, w, acc);
+        fold_lanes(s2, 16, w, acc + w);
+        return;
+    }
+#define FGSTATS_ROWS(k)                                                                 \
+    if (side) fgstats_rows_w_ps(dy, x, side, rows, w, p, k, 1, al, half, acc);          \
+    else fgstats_rows_w_ps(dy, x, NULL, rows, w, p, k, 0, al, half, acc)
+    CFBN_ACT_SPECIALIZE(p->act, FGSTATS_ROWS)
+#undef FGSTATS_ROWS
+}
+
+/* ---- gradient apply: dx = g a + ((x - mhi) - mlo) b + c, side_grad = g ---- */
+
+/* q: mhi, mlo, ya, yb, a, b, c of even 8-blocks, then of odd blocks */
+INLINE void fgapply_flat_ps(const void *dy, const void *x, const void *side, void *dx, void *sg, int64_t n,
+                            const __m256 *q, int kind, int hs, __m256 al, int half, int nt)
+{
+    const __m256 z = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 x0 = ld8(x, i, half), x1 = ld8(x, i + 8, half);
+        __m256 s0 = hs ? ld8(side, i, half) : z, s1 = hs ? ld8(side, i + 8, half) : z;
+        __m256 g0 = fused_g_ps(ld8(dy, i, half), x0, s0, q, kind, hs, al);
+        __m256 g1 = fused_g_ps(ld8(dy, i + 8, half), x1, s1, q + 7, kind, hs, al);
+        if (sg) {
+            st8_out(sg, i, g0, half, nt);
+            st8_out(sg, i + 8, g1, half, nt);
+        }
+        st8_out(dx, i, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), half, nt);
+        st8_out(dx, i + 8, gapply_ps(g1, x1, q[7], q[8], q[11], q[12], q[13]), half, nt);
+    }
+    if (i + 8 <= n) {
+        __m256 x0 = ld8(x, i, half), s0 = hs ? ld8(side, i, half) : z;
+        __m256 g0 = fused_g_ps(ld8(dy, i, half), x0, s0, q, kind, hs, al);
+        if (sg) st8_out(sg, i, g0, half, nt);
+        st8_out(dx, i, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), half, nt);
+        i += 8;
+    }
+    if (i < n) {
+        const __m256 *r = q + 7 * ((i >> 3) & 1);
+        int64_t cnt = n - i;
+        __m256 x0 = ld_part(x, i, cnt, cnt, half), s0 = hs ? ld_part(side, i, cnt, cnt, half) : z;
+        __m256 g0 = fused_g_ps(ld_part(dy, i, cnt, cnt, half), x0, s0, r, kind, hs, al);
+        if (sg) st_part(sg, i, g0, cnt, half);
+        st_part(dx, i, gapply_ps(g0, x0, r[0], r[1], r[4], r[5], r[6]), cnt, half);
+    }
+}
+
+INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, void *dx, void *sg, int64_t rows,
+                              int64_t w, const cfbn_grad_f32 *p, int kind, int hs, __m256 al, int half, int nt)
+{
+    const float *ya = yab_ps(p->ya, p), *yb = yab_ps(p->yb, p);
+    const float *const v[7] = {p->mhi, p->mlo, ya, yb, p->a, p->b, p->c};
+    const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
+    const __m256 z = _mm256_setzero_ps();
+    __m256 t[7];
+    tail_params_ps(v, 7, full, cnt, t);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += 8) {
+            __m256 q[7];
+            col_params_ps(v, 7, j, q);
+            __m256 x0 = ld8(x, o + j, half), s0 = hs ? ld8(side, o + j, half) : z;
+            __m256 g0 = fused_g_ps(ld8(dy, o + j, half), x0, s0, q, kind, hs, al);
+            if (sg) st8_out(sg, o + j, g0, half, nt);
+            st8_out(dx, o + j, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), half, nt);
+        }
+        if (cnt) {
+            const int64_t e = o + full, av = n - e;
+            __m256 x0 = ld_part(x, e, cnt, av, half), s0 = hs ? ld_part(side, e, cnt, av, half) : z;
+            __m256 g0 = fused_g_ps(ld_part(dy, e, cnt, av, half), x0, s0, t, kind, hs, al);
+            if (sg) st_part(sg, e, g0, cnt, half);
+            st_part(dx, e, gapply_ps(g0, x0, t[0], t[1], t[4], t[5], t[6]), cnt, half);
+        }
+    }
+}
+
+INLINE void fgapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int half)
+{
+    const int nt = fused_nt(p->stream, half, dx, p->side_grad ? p->side_grad : dx, 0);
+    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]), al = _mm256_set1_ps(p->act_alpha);
+    __m256 ya = _mm256_setzero_ps(), yb = ya;
+    if (p->act != CFBN_ACT_NONE) {
+        ya = _mm256_set1_ps(p->ya[0]);
+        yb = _mm256_set1_ps(p->yb[0]);
+    }
+    __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
+    const __m256 q[14] = {m, l, ya, yb, a, b, c, m, l, ya, yb, a, b, c};
+    const void *side = p->side;
+    void *sg = p->side_grad;
+#define FGAPPLY_RUN(k)                                                          \
+    if (side) fgapply_flat_ps(dy, x, side, dx, sg, n, q, k, 1, al, half, nt);   \
+    else fgapply_flat_ps(dy, x, NULL, dx, sg, n, q, k, 0, al, half, nt)
+    CFBN_ACT_SPECIALIZE(p->act, FGAPPLY_RUN)
+#undef FGAPPLY_RUN
+    if (nt) _mm_sfence();
+}
+
+INLINE void fgapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                            int half)
+{
+    const int nt = fused_nt(p->stream, half, dx, p->side_grad ? p->side_grad : dx, w);
+    if (w <= 0) return;
+    const void *side = p->side;
+    void *sg = p->side_grad;
+    const __m256 al = _mm256_set1_ps(p->act_alpha);
+    if (16 % w == 0) {
+        __m256 q[14];
+        lanes_ps(p->mhi, w, &q[0], &q[7]);
+        lanes_ps(p->mlo, w, &q[1], &q[8]);
+        q[2] = q[3] = q[9] = q[10] = _mm256_setzero_ps();
+        if (p->act != CFBN_ACT_NONE) {
+            lanes_ps(p->ya, w, &q[2], &q[9]);
+            lanes_ps(p->yb, w, &q[3], &q[10]);
+        }
+        lanes_ps(p->a, w, &q[4], &q[11]);
+        lanes_ps(p->b, w, &q[5], &q[12]);
+        lanes_ps(p->c, w, &q[6], &q[13]);
+#define FGAPPLY_FLAT(k)                                                                 \
+    if (side) fgapply_flat_ps(dy, x, side, dx, sg, rows * w, q, k, 1, al, half, nt);    \
+    else fgapply_flat_ps(dy, x, NULL, dx, sg, rows * w, q, k, 0, al, half, nt)
+        CFBN_ACT_SPECIALIZE(p->act, FGAPPLY_FLAT)
+#undef FGAPPLY_FLAT
+        if (nt) _mm_sfence();
+        return;
+    }
+#define FGAPPLY_ROWS(k)                                                                 \
+    if (side) fgapply_rows_w_ps(dy, x, side, dx, sg, rows, w, p, k, 1, al, half, nt);   \
+    else fgapply_rows_w_ps(dy, x, NULL, dx, sg, rows, w, p, k, 0, al, half, nt)
+    CFBN_ACT_SPECIALIZE(p->act, FGAPPLY_ROWS)
+#undef FGAPPLY_ROWS
+    if (nt) _mm_sfence();
+}
+
+static void apply_run_fused_f32(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)
+{
+    fapply_run_ps(x, y, n, p, 0);
+}
+
+static void apply_rows_fused_f32(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+{
+    fapply_rows_ps(x, y, rows, w, p, 0);
+}
+
+static void gstats_run_fused_f32(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+{
+    fgstats_run_ps(dy, x, n, p, acc, 0);
+}
+
+static void gstats_rows_fused_f32(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                                  double *acc)
+{
+    fgstats_rows_ps(dy, x, rows, w, p, acc, 0);
+}
+
+static void gapply_run_fused_f32(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
+{
+    fgapply_run_ps(dy, x, dx, n, p, 0);
+}
+
+static void gapply_rows_fused_f32(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
+                                  const cfbn_grad_f32 *p)
+{
+    fgapply_rows_ps(dy, x, dx, rows, w, p, 0);
+}
+
+static void apply_run_fused_f16(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)
+{
+    fapply_run_ps(x, y, n, p, 1);
+}
+
+static void apply_rows_fused_f16(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+{
+    fapply_rows_ps(x, y, rows, w, p, 1);
+}
+
+static void gstats_run_fused_f16(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p,
+                                 double *acc)
+{
+    fgstats_run_ps(dy, x, n, p, acc, 1);
+}
+
+static void gstats_rows_fused_f16(const void *dy, const void *x, int64_t rows, int64_t w,
+                                  const cfbn_grad_f32 *p, double *acc)
+{
+    fgstats_rows_ps(dy, x, rows, w, p, acc, 1);
+}
+
+static void gapply_run_fused_f16(const void *dy, const void *x, void *dx, int64_t n,
+                                 const cfbn_grad_f32 *p)
+{
+    fgapply_run_ps(dy, x, dx, n, p, 1);
+}
+
+static void gapply_rows_fused_f16(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
+                                  const cfbn_grad_f32 *p)
+{
+    fgapply_rows_ps(dy, x, dx, rows, w, p, 1);
 }
 
 /* Several runs of one channel (cfbn.h: runs, stride) in one call, without the
@@ -1740,6 +2217,9 @@ const cfbn_kernels cfbn_kernels_avx2 = {
         .apply_runs = apply_runs_f32, .gstats_runs = gstats_runs_f32, .gapply_runs = gapply_runs_f32,
         .apply_run_stream = apply_run_f32_nt, .apply_rows_stream = apply_rows_f32_nt,
         .gapply_run_stream = gapply_run_f32_nt, .gapply_rows_stream = gapply_rows_f32_nt,
+        .apply_run_fused = apply_run_fused_f32, .apply_rows_fused = apply_rows_fused_f32,
+        .gstats_run_fused = gstats_run_fused_f32, .gstats_rows_fused = gstats_rows_fused_f32,
+        .gapply_run_fused = gapply_run_fused_f32, .gapply_rows_fused = gapply_rows_fused_f32,
     },
     .f64 = {
         stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
@@ -1748,6 +2228,9 @@ const cfbn_kernels cfbn_kernels_avx2 = {
     .f16 = {
         stats_run_f16, stats_rows_f16, apply_run_f16, apply_rows_f16,
         gstats_run_f16, gstats_rows_f16, gapply_run_f16, gapply_rows_f16,
+        .apply_run_fused = apply_run_fused_f16, .apply_rows_fused = apply_rows_fused_f16,
+        .gstats_run_fused = gstats_run_fused_f16, .gstats_rows_fused = gstats_rows_fused_f16,
+        .gapply_run_fused = gapply_run_fused_f16, .gapply_rows_fused = gapply_rows_fused_f16,
     },
 };
 

@@ -612,10 +612,14 @@ static void check_fused_table(const cfbn_kernels *k)
                     g_alpha = alphas[g_act];
                     for (g_side = 0; g_side < 2; g_side++) {
                         if (g_act == CFBN_ACT_NONE && !g_side) continue;   /* the plain kernels */
-                        for (int kind = K_APPLY; kind <= K_GAPPLY; kind++) {
-                            check_fused(k, kind, &t, s, 0);
-                            if (kind != K_GSTATS) check_fused(k, kind, &t, s, 1);
+                        /* with and without streaming stores asked for */
+                        for (g_stream = 0; g_stream < 2; g_stream++) {
+                            for (int kind = K_APPLY; kind <= K_GAPPLY; kind++) {
+                                check_fused(k, kind, &t, s, 0);
+                                if (kind != K_GSTATS) check_fused(k, kind, &t, s, 1);
+                            }
                         }
+                        g_stream = 0;
                     }
                 }
                 g_act = CFBN_ACT_NONE;
