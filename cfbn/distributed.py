@@ -119,15 +119,13 @@ def sync_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4,
         else:
             n, mu, m2 = _merge(n, mu, m2, k, row[1:channels + 1], row[channels + 1:])
 
-    # The same float64 arithmetic as the fused kernel's per-channel step.
-    with np.errstate(invalid="ignore", divide="ignore"):
-        var = m2 / float(n)
-    unbiased = var * (float(n) / (float(n) - 1.0)) if n > 1 else var
-    if factor != 1.0:
-        bm = (1.0 - factor) * mean.astype(_F64) + factor * mu
-        bv = (1.0 - factor) * variance.astype(_F64) + factor * unbiased
-    else:
-        bm, bv = mu, unbiased
+    # The fused kernel's own per-channel step (variance, Bessel correction,
+    # running averages), so that both give the same bits from the same moments.
+    var, bm, bv = (np.empty(channels, _F64) for _ in range(3))
+    running = factor != 1.0
+    _kernels.train_statistics(n, mu, m2, factor,
+                              mean.astype(_F64) if running else None,
+                              variance.astype(_F64) if running else None, var, bm, bv)
     y = _kernels.empty_output(x.shape, x.dtype)
     _kernels.apply(dt, layout, outer, channels, inner, nt, x, scale, offset, mu, var, eps, y)
     return BatchNormOutput(y, bm.astype(vdt), bv.astype(vdt), mu.astype(vdt), var.astype(vdt))
