@@ -81,7 +81,7 @@ def _result(out, x, inputs, in_place):
     into afterwards (None when the kernels write the caller's array).
 
     A new array, or the caller's `out` checked against the inputs (name,
-    array) by cfbn._api's rules: it may be exactly the memory of an input
+    array) by cfbn._args's rules: it may be exactly the memory of an input
     named in `in_place`, no other.
     """
     if out is None:
