@@ -3,9 +3,7 @@
 C kernels (scalar, AVX2+FMA, NEON) chosen once at import by CPU detection,
 parallelized with OpenMP; TensorFlow's FusedBatchNormV3 semantics.
 """
-__version__ = "0.1.0"
-
-from . import reference
+from ._version import __version__
 from ._api import (BatchNormGrad, BatchNormGradSide, BatchNormOutput, fused_batch_norm,
                    fused_batch_norm_grad, output_cache_info, release_output_cache, runtime_info,
                    set_output_cache_limit)
@@ -22,3 +20,18 @@ __all__ = ["BatchNormGrad", "BatchNormGradSide", "BatchNormOutput", "fused_batch
            "batch_norm_grad_apply", "batch_norm_grad_statistics", "batch_norm_statistics",
            "merge_statistics", "merge_statistics_many",
            "output_cache_info", "release_output_cache", "set_output_cache_limit"]
+
+
+def __getattr__(name):
+    # The NumPy float64 specification is for tests and comparisons; no
+    # production module needs it, so it is imported on first use.
+    if name == "reference":
+        # import_module, not `from . import`: that would look the name up
+        # here first and come back to this function.
+        import importlib
+        return importlib.import_module(".reference", __name__)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
+def __dir__():
+    return sorted(set(globals()) | {"reference"})

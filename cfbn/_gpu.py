@@ -32,7 +32,7 @@ import os
 
 import numpy as np
 
-from . import _api
+from . import _args
 
 # Threads the partial-sum pass aims for: enough to fill a large GPU (an H100
 # or H200 holds about 270 000 resident threads) while keeping the partial
@@ -44,7 +44,7 @@ MIN_PER_THREAD = 16
 # C) so that a warp's loads are contiguous even when C is small.
 MIN_WIDTH = 128
 
-LAYOUT_NAMES = {_api._CHANNELS_LAST: "last", _api._CHANNELS_FIRST: "first"}
+LAYOUT_NAMES = {_args.CHANNELS_LAST: "last", _args.CHANNELS_FIRST: "first"}
 
 # x dtype -> (suffix, x type, vector type, compute type, math suffix)
 _TYPES = {
@@ -72,13 +72,13 @@ _PREAMBLE = None
 
 
 def activation_enum():
-    """C declaration of enum cfbn_activation from the codes cfbn._api passes.
+    """C declaration of enum cfbn_activation from the codes of cfbn._args.ACTIVATIONS.
 
     bn_math.h switches on these names; in C they come from cfbn.h, under
     NVRTC (no cfbn.h in the package) from this declaration.
     """
     items = sorted((code, "CFBN_ACT_" + ("NONE" if name is None else name.upper()))
-                   for name, (code, _) in _api.ACTIVATIONS.items())
+                   for name, (code, _) in _args.ACTIVATIONS.items())
     return ("enum cfbn_activation { %s };\n"
             % ", ".join("%s = %d" % (n, c) for c, n in items))
 
@@ -108,7 +108,7 @@ def stats_plan(layout, outer, channels, inner):
     """
     total = outer * channels * inner
     want = max(1, min(TARGET_THREADS, -(-total // MIN_PER_THREAD)))
-    if layout == _api._CHANNELS_LAST:
+    if layout == _args.CHANNELS_LAST:
         width = channels * max(1, -(-MIN_WIDTH // channels))
         rows = -(-total // width)
         pieces = max(1, min(want // width, rows))
@@ -357,7 +357,7 @@ def kernel(name):
 # ---- validation ----
 
 def _side(a):
-    if _api._is_cupy(a):
+    if _args.is_cupy(a):
         return "a CuPy array"
     return "%s.%s (host memory)" % (type(a).__module__, type(a).__name__)
 
@@ -388,10 +388,10 @@ def _overlaps(a, b):
 
 
 def _outputs(cupy, out, fields, specs, inputs, device, in_place):
-    """Allocate or check the outputs, with the CPU path's rules (_api._outputs)."""
+    """Allocate or check the outputs, with the CPU path's rules (_args.outputs)."""
     if out is None:
         return [cupy.empty(shape, dtype) for shape, dtype in specs]
-    given = _api._out_given(out, fields)
+    given = _args.out_given(out, fields)
     result = []
     for field, (shape, dtype), a in zip(fields, specs, given):
         if a is None:
@@ -404,10 +404,10 @@ def _outputs(cupy, out, fields, specs, inputs, device, in_place):
         if a.device.id != device:
             raise ValueError("%s: on device %d, but x is on device %d"
                              % (name, a.device.id, device))
-        _api._check_out_array(a, name, shape, dtype)
+        _args.check_out_array(a, name, shape, dtype)
         for iname, b in inputs:
             if b is not None:
-                _api._check_alias(name, field, a, iname, b, in_place, _touches(a, b),
+                _args.check_alias(name, field, a, iname, b, in_place, _touches(a, b),
                                   _overlaps(a, b))
         for prev_field, prev in zip(fields, result):
             if _touches(a, prev):
@@ -417,7 +417,7 @@ def _outputs(cupy, out, fields, specs, inputs, device, in_place):
 
 
 def _tensor(cupy, x):
-    _api._dtype_kinds(x.dtype, "x")
+    _args.dtype_kinds(x.dtype, "x")
     return cupy.ascontiguousarray(x), _TYPES[x.dtype][0]
 
 
@@ -444,7 +444,7 @@ def _partial_sums(cupy, name, layout, outer, channels, inner, tensors):
 
 def _side_input(cupy, side_input, x, device):
     side = _device_array(cupy, side_input, "side_input", device)
-    _api._check_side_input(side, x)
+    _args.check_side_input(side, x)
     return side
 
 
@@ -463,33 +463,33 @@ def _forward(cupy, x, scale, offset, mean, variance, epsilon, exponential_avg_fa
              data_format, is_training, n_threads, out, activation, alpha, side_input):
     device = x.device.id
     x, sfx = _tensor(cupy, x)
-    layout, outer, channels, inner = _api._layout(data_format, x)
-    vdt = _api.DTYPES[x.dtype][1]
+    layout, outer, channels, inner = _args.layout(data_format, x)
+    vdt = _args.DTYPES[x.dtype][1]
     scale = _device_array(cupy, scale, "scale", device)
-    _api._check_vector(scale, "scale", channels, vdt)
+    _args.check_vector(scale, "scale", channels, vdt)
     offset = _device_array(cupy, offset, "offset", device)
-    _api._check_vector(offset, "offset", channels, vdt)
-    eps = _api._epsilon(epsilon)
-    factor = _api._factor(exponential_avg_factor)
-    training = _api._flag(is_training, "is_training")
-    mean, variance = _api._optional_stats(training, factor, mean, variance)
+    _args.check_vector(offset, "offset", channels, vdt)
+    eps = _args.epsilon(epsilon)
+    factor = _args.factor(exponential_avg_factor)
+    training = _args.flag(is_training, "is_training")
+    mean, variance = _args.optional_stats(training, factor, mean, variance)
     if mean is not None:
         mean = _device_array(cupy, mean, "mean", device)
-        _api._check_vector(mean, "mean", channels, vdt)
+        _args.check_vector(mean, "mean", channels, vdt)
     if variance is not None:
         variance = _device_array(cupy, variance, "variance", device)
-        _api._check_vector(variance, "variance", channels, vdt)
-    act, act_alpha = _api._activation(activation, alpha)
+        _args.check_vector(variance, "variance", channels, vdt)
+    act, act_alpha = _args.activation(activation, alpha)
     side = _side_input(cupy, side_input, x, device) if side_input is not None else None
-    _api._threads(n_threads)
+    _args.threads(n_threads)
     vshape = (channels,)
     lname = LAYOUT_NAMES[layout]
     vsfx = "f64" if sfx == "f64" else "f32"
     y, bm, bv, rs1, rs2 = _outputs(
-        cupy, out, _api.BatchNormOutput._fields,
+        cupy, out, _args.BatchNormOutput._fields,
         ((x.shape, x.dtype), (vshape, vdt), (vshape, vdt), (vshape, vdt), (vshape, vdt)),
         (("x", x), ("scale", scale), ("offset", offset), ("mean", mean),
-         ("variance", variance), ("side_input", side)), device, _api.FORWARD_IN_PLACE)
+         ("variance", variance), ("side_input", side)), device, _args.FORWARD_IN_PLACE)
     params = cupy.empty((4, channels), vdt)
     mhi, mlo, alpha, beta = params
     if training:
@@ -518,7 +518,7 @@ def _forward(cupy, x, scale, offset, mean, variance, epsilon, exponential_avg_fa
     elif x.size:
         kernel("cfbn_apply_%s_%s" % (sfx, lname))(
             x.reshape(-1), mhi, mlo, alpha, beta, channels, inner, y.reshape(-1))
-    return _api.BatchNormOutput(y, bm, bv, rs1, rs2)
+    return _args.BatchNormOutput(y, bm, bv, rs1, rs2)
 
 
 def backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon, data_format,
@@ -539,34 +539,34 @@ def _backward(cupy, y_backprop, x, scale, reserve_space_1, reserve_space_2, epsi
     device = x.device.id
     x, sfx = _tensor(cupy, x)
     dy = _device_array(cupy, y_backprop, "y_backprop", device)
-    _api._check_dy(dy, x)
-    layout, outer, channels, inner = _api._layout(data_format, x)
-    vdt = _api.DTYPES[x.dtype][1]
+    _args.check_dy(dy, x)
+    layout, outer, channels, inner = _args.layout(data_format, x)
+    vdt = _args.DTYPES[x.dtype][1]
     scale = _device_array(cupy, scale, "scale", device)
-    _api._check_vector(scale, "scale", channels, vdt)
+    _args.check_vector(scale, "scale", channels, vdt)
     mu = _device_array(cupy, reserve_space_1, "reserve_space_1", device)
-    _api._check_vector(mu, "reserve_space_1", channels, vdt)
+    _args.check_vector(mu, "reserve_space_1", channels, vdt)
     var = _device_array(cupy, reserve_space_2, "reserve_space_2", device)
-    _api._check_vector(var, "reserve_space_2", channels, vdt)
-    eps = _api._epsilon(epsilon)
-    training = _api._flag(is_training, "is_training")
-    act, act_alpha = _api._activation(activation, alpha)
-    _api._check_offset_given(act, offset)
+    _args.check_vector(var, "reserve_space_2", channels, vdt)
+    eps = _args.epsilon(epsilon)
+    training = _args.flag(is_training, "is_training")
+    act, act_alpha = _args.activation(activation, alpha)
+    _args.check_offset_given(act, offset)
     if offset is not None:
         offset = _device_array(cupy, offset, "offset", device)
-        _api._check_vector(offset, "offset", channels, vdt)
+        _args.check_vector(offset, "offset", channels, vdt)
     side = _side_input(cupy, side_input, x, device) if side_input is not None else None
-    _api._threads(n_threads)
+    _args.threads(n_threads)
     vshape = (channels,)
     lname = LAYOUT_NAMES[layout]
     vsfx = "f64" if sfx == "f64" else "f32"
-    result_type = _api.BatchNormGradSide if side is not None else _api.BatchNormGrad
+    result_type = _args.BatchNormGradSide if side is not None else _args.BatchNormGrad
     specs = ((x.shape, x.dtype), (vshape, vdt), (vshape, vdt), (x.shape, x.dtype))
     outs = _outputs(
         cupy, out, result_type._fields, specs[:len(result_type._fields)],
         (("y_backprop", dy), ("x", x), ("scale", scale), ("reserve_space_1", mu),
          ("reserve_space_2", var), ("offset", offset), ("side_input", side)), device,
-        _api.GRAD_IN_PLACE)
+        _args.GRAD_IN_PLACE)
     dx, dscale, doffset = outs[:3]
     flat_dy, flat_x = dy.reshape(-1), x.reshape(-1)
     if act:

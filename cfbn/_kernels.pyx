@@ -1,7 +1,7 @@
 # cython: language_level=3
 """Thin wrapper over the C driver: pointers in, GIL released, nothing else.
 
-Arguments arrive already validated by cfbn._api (dtype, shape, contiguity);
+Arguments arrive already validated by cfbn._args (dtype, shape, contiguity);
 this layer only takes data pointers and calls the kernels with the GIL
 released.  The kernel table is chosen once, when this module is imported.
 """
@@ -59,6 +59,10 @@ cdef extern from "cfbn.h":
                       const cfbn_fusion *fusion) nogil
     int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x,
                         double *mean, double *m2) nogil
+    void cfbn_train_statistics(int64_t channels, int64_t count, const double *mean,
+                               const double *m2, double factor, const double *running_mean,
+                               const double *running_variance, double *variance,
+                               double *batch_mean, double *batch_variance) nogil
     int cfbn_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *x, const void *scale,
                    const void *offset, const double *mean, const double *variance, double epsilon,
                    void *y) nogil
@@ -272,6 +276,31 @@ def statistics(int dtype, int layout, int64_t outer, int64_t channels, int64_t i
         raise MemoryError("cfbn: out of memory for scratch buffers")
 
 
+def train_statistics(int64_t count, const double[::1] mean not None,
+                     const double[::1] m2 not None, double factor,
+                     const double[::1] running_mean, const double[::1] running_variance,
+                     double[::1] variance not None, double[::1] batch_mean not None,
+                     double[::1] batch_variance not None):
+    """The biased variance and running outputs of merged (count, mean, m2),
+    as cfbn_forward_training computes them.  float64 vectors of one length;
+    the running ones are read only when factor != 1 (else they may be None)."""
+    cdef Py_ssize_t channels = mean.shape[0]
+    cdef bint running = factor != 1.0
+    if (m2.shape[0] != channels or variance.shape[0] != channels
+            or batch_mean.shape[0] != channels or batch_variance.shape[0] != channels
+            or (running and (running_mean is None or running_variance is None
+                             or running_mean.shape[0] != channels
+                             or running_variance.shape[0] != channels))):
+        raise ValueError("train_statistics: expected float64 vectors of one length")
+    if channels == 0:
+        return
+    cdef const double *prm = &running_mean[0] if running else NULL
+    cdef const double *prv = &running_variance[0] if running else NULL
+    with nogil:
+        cfbn_train_statistics(channels, count, &mean[0], &m2[0], factor, prm, prv,
+                              &variance[0], &batch_mean[0], &batch_variance[0])
+
+
 def apply(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
           int n_threads, x, scale, offset, mean, variance, double epsilon, y):
     cdef cfbn_shape s
@@ -440,20 +469,35 @@ _init_output_cache(_default_cache_limit())
 # A training loop calls cfbn thousands of times a second on small tensors, so
 # the plain call (NumPy arrays that are already contiguous, aligned and of
 # matching dtypes, no out=) is recognized here and run without the Python
-# layer's work.  These functions only accept: anything unusual returns None
-# and cfbn._api validates it properly, with its error messages.
+# layer's work.  These functions are no validator: they test identities
+# (exact types, flags, shapes, equality with the tables cfbn._args gives
+# them) and never raise for an argument; anything else returns None, and the
+# caller hands the call to cfbn._args, which decides and words the error.
 
-cdef dict _LAYOUT_CODES = {"NHWC": (4, 0), "NDHWC": (5, 0), "NC": (2, 0),
-                           "NCHW": (4, 1), "NCDHW": (5, 1)}
-cdef object _forward_result = tuple
-cdef object _grad_result = tuple
+cdef dict _LAYOUT_CODES = {}
+cdef object _forward_result = None
+cdef object _grad_result = None
+cdef tuple _FORWARD_FIELDS = ()
+cdef tuple _GRAD_FIELDS = ()
+# Per output, a bit per input that it may be exactly (an in-place update).
+cdef tuple _FORWARD_IN_PLACE = ()
+cdef tuple _GRAD_IN_PLACE = ()
 
 
-def set_result_types(forward, grad):
-    """The named tuples the fast paths return (set once by cfbn._api)."""
-    global _forward_result, _grad_result
-    _forward_result = forward
-    _grad_result = grad
+def set_fast_path_rules(forward, grad, layouts, channels_first, forward_in_place,
+                        grad_in_place):
+    """The tables the fast paths recognize the plain call by, set once by
+    cfbn._args: the result named tuples (their fields name the out= entries),
+    data_format -> (rank, channels first?), the layout code of channels
+    first, and per output field a bit mask of the inputs it may be exactly.
+    Until then they accept nothing."""
+    global _forward_result, _grad_result, _FORWARD_FIELDS, _GRAD_FIELDS
+    global _FORWARD_IN_PLACE, _GRAD_IN_PLACE, _LAYOUT_CODES
+    _LAYOUT_CODES = {name: (rank, channels_first if first else 0)
+                     for name, (rank, first) in layouts.items()}
+    _forward_result, _grad_result = forward, grad
+    _FORWARD_FIELDS, _GRAD_FIELDS = tuple(forward._fields), tuple(grad._fields)
+    _FORWARD_IN_PLACE, _GRAD_IN_PLACE = tuple(forward_in_place), tuple(grad_in_place)
 
 
 cdef inline int _kind(object a) except -2:
@@ -524,11 +568,6 @@ cdef inline int _geometry(cnp.ndarray x, object data_format, int *layout, int64_
 cdef inline cnp.ndarray _empty_like_vec(int64_t channels, int vtype):
     cdef cnp.npy_intp dim = channels
     return cnp.PyArray_EMPTY(1, &dim, vtype, 0)
-
-
-cdef tuple _FORWARD_FIELDS = ("y", "batch_mean", "batch_variance", "reserve_space_1",
-                              "reserve_space_2")
-cdef tuple _GRAD_FIELDS = ("x_backprop", "scale_backprop", "offset_backprop")
 
 
 cdef object _given_outputs(object out, tuple fields):
@@ -615,16 +654,12 @@ cdef bint _outputs_clash(tuple given, tuple inputs, tuple in_place):
     return False
 
 
-# Per output, a bit per input that it may be exactly (cfbn._api's
-# FORWARD_IN_PLACE and GRAD_IN_PLACE): y = x, batch_mean = mean and
-# batch_variance = variance; x_backprop = y_backprop or x.
-cdef tuple _FORWARD_IN_PLACE = (1 << 0, 1 << 3, 1 << 4, 0, 0)
-cdef tuple _GRAD_IN_PLACE = ((1 << 0) | (1 << 1), 0, 0)
-
 
 def fast_forward(x, scale, offset, mean, variance, epsilon, exponential_avg_factor,
                  data_format, is_training, n_threads, out=None):
-    """fused_batch_norm for the plain case, or None."""
+    """fused_batch_norm for the plain case, or None for any other call."""
+    if _forward_result is None:
+        return None
     cdef int dt = _kind(x)
     if dt < 0 or type(epsilon) is not float or type(exponential_avg_factor) is not float:
         return None
@@ -688,7 +723,9 @@ def fast_forward(x, scale, offset, mean, variance, epsilon, exponential_avg_fact
 
 def fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon,
                   data_format, is_training, n_threads, out=None):
-    """fused_batch_norm_grad for the plain case, or None."""
+    """fused_batch_norm_grad for the plain case, or None for any other call."""
+    if _grad_result is None:
+        return None
     cdef int dt = _kind(x)
     if dt < 0 or _kind(y_backprop) != dt or type(epsilon) is not float:
         return None

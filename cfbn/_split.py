@@ -13,8 +13,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import _kernels
-from ._api import (_as_array, _contiguous, _epsilon, _given_output, _index, _is_cupy, _layout,
-                   _short, _tensor, _threads, _vector)
+from . import _args
 
 _F64 = np.dtype(np.float64)
 _STAT_DTYPES = (np.dtype(np.float32), _F64)
@@ -43,10 +42,10 @@ BatchNormGradStatistics = namedtuple("BatchNormGradStatistics", ["sum_dy", "sum_
 
 
 def _host_tensor(x, name):
-    if type(x) is not np.ndarray and _is_cupy(x):
+    if type(x) is not np.ndarray and _args.is_cupy(x):
         raise TypeError("%s: the split kernels take NumPy arrays (host memory), got a CuPy array"
                         % name)
-    return _tensor(x, name)
+    return _args.tensor(x, name)
 
 
 def _stat_vector(v, name, channels):
@@ -55,7 +54,7 @@ def _stat_vector(v, name, channels):
     float32 is accepted and widened exactly; any other dtype is a TypeError,
     so that an integer or complex array is never silently reinterpreted.
     """
-    a = _as_array(v, name)
+    a = _args.as_array(v, name)
     if a.dtype not in _STAT_DTYPES:
         raise TypeError("%s: expected float64 (or float32), got %s" % (name, a.dtype))
     if channels is None:
@@ -69,11 +68,11 @@ def _stat_vector(v, name, channels):
 
 
 def _count(count, name):
-    n = _index(count, name)
+    n = _args.index(count, name)
     if n < 0:
         raise ValueError("%s: expected a count >= 0, got %d" % (name, n))
     if n >= 1 << 63:
-        raise ValueError("%s: expected a count below 2**63, got %s" % (name, _short(n)))
+        raise ValueError("%s: expected a count below 2**63, got %s" % (name, _args.short(n)))
     return n
 
 
@@ -82,12 +81,12 @@ def _result(out, x, inputs, in_place):
     into afterwards (None when the kernels write the caller's array).
 
     A new array, or the caller's `out` checked against the inputs (name,
-    array) by cfbn._api's rules: it may be exactly the memory of an input
+    array) by cfbn._args's rules: it may be exactly the memory of an input
     named in `in_place`, no other.
     """
     if out is None:
         return _kernels.empty_output(x.shape, x.dtype), None
-    target = _given_output(out, "out", "out", x.shape, x.dtype, inputs,
+    target = _args.given_output(out, "out", "out", x.shape, x.dtype, inputs,
                            frozenset(("out", name) for name in in_place))
     return target, (None if target is out else out)
 
@@ -124,8 +123,8 @@ def batch_norm_statistics(x, *, data_format="NHWC", n_threads=None):
     float64), so ``variance = m2 / count`` is its biased variance bit for bit.
     """
     x, dt, _ = _host_tensor(x, "x")
-    layout, outer, channels, inner = _layout(data_format, x)
-    nt = _threads(n_threads)
+    layout, outer, channels, inner = _args.layout(data_format, x)
+    nt = _args.threads(n_threads)
     mean = np.empty(channels, _F64)
     m2 = np.empty(channels, _F64)
     _kernels.statistics(dt, layout, outer, channels, inner, nt, x, mean, m2)
@@ -254,13 +253,13 @@ def batch_norm_apply(x, mean, variance, scale, offset, *, epsilon=1e-4, data_for
     ``m2 / count``) the result equals `fused_batch_norm`'s y bit for bit.
     """
     x, dt, vdt = _host_tensor(x, "x")
-    layout, outer, channels, inner = _layout(data_format, x)
+    layout, outer, channels, inner = _args.layout(data_format, x)
     mean = _stat_vector(mean, "mean", channels)
     variance = _stat_vector(variance, "variance", channels)
-    scale = _vector(scale, "scale", channels, vdt)
-    offset = _vector(offset, "offset", channels, vdt)
-    eps = _epsilon(epsilon)
-    nt = _threads(n_threads)
+    scale = _args.vector(scale, "scale", channels, vdt)
+    offset = _args.vector(offset, "offset", channels, vdt)
+    eps = _args.epsilon(epsilon)
+    nt = _args.threads(n_threads)
     y, dest = _result(out, x, (("x", x), ("scale", scale), ("offset", offset), ("mean", mean),
                                ("variance", variance)), ("x",))
     _kernels.apply(dt, layout, outer, channels, inner, nt, x, scale, offset, mean, variance,
@@ -270,19 +269,19 @@ def batch_norm_apply(x, mean, variance, scale, offset, *, epsilon=1e-4, data_for
 
 def _grad_inputs(dy, x, mean, variance, epsilon, data_format, n_threads):
     x, dt, vdt = _host_tensor(x, "x")
-    if type(dy) is not np.ndarray and _is_cupy(dy):
+    if type(dy) is not np.ndarray and _args.is_cupy(dy):
         raise TypeError("dy: the split kernels take NumPy arrays (host memory), got a CuPy array")
-    dy = _as_array(dy, "dy")
+    dy = _args.as_array(dy, "dy")
     if dy.dtype != x.dtype:
         raise TypeError("dy: expected dtype %s to match x, got %s" % (x.dtype, dy.dtype))
     if dy.shape != x.shape:
         raise ValueError("dy: expected x's shape %s, got %s" % (x.shape, dy.shape))
-    dy = _contiguous(dy)
-    layout, outer, channels, inner = _layout(data_format, x)
+    dy = _args.contiguous(dy)
+    layout, outer, channels, inner = _args.layout(data_format, x)
     mean = _stat_vector(mean, "mean", channels)
     variance = _stat_vector(variance, "variance", channels)
     return (dy, x, dt, vdt, (layout, outer, channels, inner), mean, variance,
-            _epsilon(epsilon), _threads(n_threads))
+            _args.epsilon(epsilon), _args.threads(n_threads))
 
 
 def batch_norm_grad_statistics(dy, x, mean, variance, *, epsilon=1e-4, data_format="NHWC",
@@ -364,7 +363,7 @@ def batch_norm_grad_apply(dy, x, scale, mean, variance, sum_dy, sum_dy_xhat, cou
     dy, x, dt, vdt, geo, mean, variance, eps, nt = _grad_inputs(
         dy, x, mean, variance, epsilon, data_format, n_threads)
     layout, outer, channels, inner = geo
-    scale = _vector(scale, "scale", channels, vdt)
+    scale = _args.vector(scale, "scale", channels, vdt)
     sum_dy = _stat_vector(sum_dy, "sum_dy", channels)
     sum_dy_xhat = _stat_vector(sum_dy_xhat, "sum_dy_xhat", channels)
     n = _count(count, "count")

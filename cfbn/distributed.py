@@ -14,8 +14,8 @@ Shards may hold different batch sizes, including zero.
 import numpy as np
 
 from . import _kernels
-from ._api import (BatchNormGrad, BatchNormOutput, _as_array, _check_dy, _check_stats_given,
-                   _contiguous, _epsilon, _factor, _layout, _tensor, _threads, _vector)
+from . import _args
+from ._args import BatchNormGrad, BatchNormOutput
 from ._split import _merge
 
 _F64 = np.dtype(np.float64)
@@ -40,7 +40,7 @@ def _host_tensor(x, name):
     if type(x) is not np.ndarray and type(x).__module__.startswith("cupy"):
         raise TypeError("%s: sync_batch_norm takes NumPy arrays (host memory), got a CuPy array"
                         % name)
-    return _tensor(x, name)
+    return _args.tensor(x, name)
 
 
 def sync_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4,
@@ -88,16 +88,16 @@ def sync_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4,
     when a single process holds every element.
     """
     x, dt, vdt = _host_tensor(x, "x")
-    layout, outer, channels, inner = _layout(data_format, x)
-    scale = _vector(scale, "scale", channels, vdt)
-    offset = _vector(offset, "offset", channels, vdt)
-    eps = _epsilon(epsilon)
-    factor = _factor(exponential_avg_factor)
-    _check_stats_given(True, factor, mean, variance)
+    layout, outer, channels, inner = _args.layout(data_format, x)
+    scale = _args.vector(scale, "scale", channels, vdt)
+    offset = _args.vector(offset, "offset", channels, vdt)
+    eps = _args.epsilon(epsilon)
+    factor = _args.factor(exponential_avg_factor)
+    _args.check_stats_given(True, factor, mean, variance)
     if factor != 1.0:
-        mean = _vector(mean, "mean", channels, vdt)
-        variance = _vector(variance, "variance", channels, vdt)
-    nt = _threads(n_threads)
+        mean = _args.vector(mean, "mean", channels, vdt)
+        variance = _args.vector(variance, "variance", channels, vdt)
+    nt = _args.threads(n_threads)
     comm = _communicator(comm)
 
     local = np.empty(2 * channels + 1, _F64)
@@ -119,15 +119,13 @@ def sync_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4,
         else:
             n, mu, m2 = _merge(n, mu, m2, k, row[1:channels + 1], row[channels + 1:])
 
-    # The same float64 arithmetic as the fused kernel's per-channel step.
-    with np.errstate(invalid="ignore", divide="ignore"):
-        var = m2 / float(n)
-    unbiased = var * (float(n) / (float(n) - 1.0)) if n > 1 else var
-    if factor != 1.0:
-        bm = (1.0 - factor) * mean.astype(_F64) + factor * mu
-        bv = (1.0 - factor) * variance.astype(_F64) + factor * unbiased
-    else:
-        bm, bv = mu, unbiased
+    # The fused kernel's own per-channel step (variance, Bessel correction,
+    # running averages), so that both give the same bits from the same moments.
+    var, bm, bv = (np.empty(channels, _F64) for _ in range(3))
+    running = factor != 1.0
+    _kernels.train_statistics(n, mu, m2, factor,
+                              mean.astype(_F64) if running else None,
+                              variance.astype(_F64) if running else None, var, bm, bv)
     y = _kernels.empty_output(x.shape, x.dtype)
     _kernels.apply(dt, layout, outer, channels, inner, nt, x, scale, offset, mu, var, eps, y)
     return BatchNormOutput(y, bm.astype(vdt), bv.astype(vdt), mu.astype(vdt), var.astype(vdt))
@@ -167,15 +165,15 @@ def sync_batch_norm_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2,
     extra message and the reserve spaces keep TensorFlow's layout.
     """
     x, dt, vdt = _host_tensor(x, "x")
-    dy = _as_array(y_backprop, "y_backprop")
-    _check_dy(dy, x)
-    dy = _contiguous(dy)
-    layout, outer, channels, inner = _layout(data_format, x)
-    scale = _vector(scale, "scale", channels, vdt)
-    mu = _vector(reserve_space_1, "reserve_space_1", channels, vdt).astype(_F64)
-    var = _vector(reserve_space_2, "reserve_space_2", channels, vdt).astype(_F64)
-    eps = _epsilon(epsilon)
-    nt = _threads(n_threads)
+    dy = _args.as_array(y_backprop, "y_backprop")
+    _args.check_dy(dy, x)
+    dy = _args.contiguous(dy)
+    layout, outer, channels, inner = _args.layout(data_format, x)
+    scale = _args.vector(scale, "scale", channels, vdt)
+    mu = _args.vector(reserve_space_1, "reserve_space_1", channels, vdt).astype(_F64)
+    var = _args.vector(reserve_space_2, "reserve_space_2", channels, vdt).astype(_F64)
+    eps = _args.epsilon(epsilon)
+    nt = _args.threads(n_threads)
     comm = _communicator(comm)
 
     local = np.empty(2 * channels + 1, _F64)

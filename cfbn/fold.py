@@ -1,13 +1,13 @@
 """Folding an inference-mode batch normalization into the layer before it."""
 import numpy as np
 
-from ._api import _as_array, _epsilon, _index
+from . import _args
 
 __all__ = ["fold_batch_norm"]
 
 
 def _vec(v, name, c):
-    a = _as_array(v, name)
+    a = _args.as_array(v, name)
     if a.shape != (c,):
         raise ValueError("%s: expected shape (%d,) (one value per output channel), got %s"
                          % (name, c, a.shape))
@@ -43,15 +43,15 @@ def fold_batch_norm(weight, bias, scale, offset, mean, variance, epsilon, out_ax
     (folded_weight, folded_bias)
         In weight's dtype (float64 for an integer weight); computed in float64.
     """
-    w = _as_array(weight, "weight")
+    w = _args.as_array(weight, "weight")
     if not (np.issubdtype(w.dtype, np.floating) or np.issubdtype(w.dtype, np.integer)):
         # a complex weight would lose its imaginary part, a bool one mean nothing
         raise TypeError("weight: expected a real floating-point or integer array, got %s"
                         % w.dtype)
     if w.ndim < 1:
         raise ValueError("weight: expected at least one dimension, got a scalar")
-    axis = _index(out_axis, "out_axis")
-    eps = _epsilon(epsilon)
+    axis = _args.index(out_axis, "out_axis")
+    eps = _args.epsilon(epsilon)
     if not -w.ndim <= axis < w.ndim:
         raise ValueError("out_axis: %d is out of range for a %d-D weight" % (axis, w.ndim))
     axis %= w.ndim

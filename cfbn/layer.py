@@ -17,9 +17,9 @@ pytorch       the new batch (factor = m)           Bessel-corrected, n/(n-1)
 """
 import numpy as np
 
-from ._api import (DTYPES, _activation, _as_array, _data_format, _dtype_kinds, _epsilon, _flag,
-                   _index, _is_cupy, _layout, _real, fused_batch_norm, fused_batch_norm_grad)
-from .reference import channel_axis, reduce_axes
+from . import _args
+from ._args import DTYPES
+from ._api import fused_batch_norm, fused_batch_norm_grad
 
 __all__ = ["BatchNorm", "CONVENTIONS", "exponential_avg_factor", "momentum_from_factor",
            "convert_moving_variance"]
@@ -37,7 +37,7 @@ def _convention(name, what="convention"):
 
 
 def _momentum(momentum):
-    m = _real(momentum, "momentum")
+    m = _args.real(momentum, "momentum")
     if not 0.0 <= m <= 1.0:
         raise ValueError("momentum: expected a value in [0, 1], got %r" % (momentum,))
     return m
@@ -52,15 +52,15 @@ def _layer_dtype(dtype):
         dt = np.dtype(dtype)
     except (TypeError, ValueError):
         raise TypeError(expected) from None
-    _dtype_kinds(dt, "dtype")
+    _args.dtype_kinds(dt, "dtype")
     return dt
 
 
 def _input(a, name):
-    if _is_cupy(a):
+    if _args.is_cupy(a):
         raise TypeError("%s: got a CuPy array; BatchNorm keeps its parameters and buffers in "
                         "host memory, so it takes NumPy arrays" % name)
-    return _as_array(a, name)
+    return _args.as_array(a, name)
 
 
 def _wrong_dtype(a, name, dtype):
@@ -111,7 +111,7 @@ def convert_moving_variance(variance, count, source, target):
     _, bessel_from = _convention(source, "source")
     _, bessel_to = _convention(target, "target")
     v = np.asarray(variance)
-    n = _index(count, "count")
+    n = _args.index(count, "count")
     if n < 1:
         raise ValueError("count: expected at least 1, got %r" % (count,))
     ratio = n / (n - 1) if n > 1 else 1.0
@@ -197,12 +197,12 @@ class BatchNorm:
 
     def __init__(self, num_features, *, data_format="NHWC", epsilon=1e-3, momentum=0.99,
                  activation=None, dtype=np.float32, buffer_shapes=4):
-        c = _index(num_features, "num_features")
+        c = _args.index(num_features, "num_features")
         if c < 1:
             raise ValueError("num_features: expected at least 1, got %d" % c)
-        _data_format(data_format)
+        _args.format_spec(data_format)
         self._dtype = _layer_dtype(dtype)
-        n = _index(buffer_shapes, "buffer_shapes")
+        n = _args.index(buffer_shapes, "buffer_shapes")
         if n < 0:
             raise ValueError("buffer_shapes: expected 0 or more, got %d" % n)
         self._buffer_shapes = n
@@ -254,7 +254,7 @@ class BatchNorm:
 
     @epsilon.setter
     def epsilon(self, value):
-        self._epsilon = _epsilon(value)
+        self._epsilon = _args.epsilon(value)
 
     @property
     def momentum(self):
@@ -273,7 +273,7 @@ class BatchNorm:
 
     @activation.setter
     def activation(self, value):
-        _activation(value, None)
+        _args.activation(value, None)
         self._activation = value
 
     @property
@@ -283,7 +283,7 @@ class BatchNorm:
 
     @training.setter
     def training(self, value):
-        self._training = _flag(value, "training")
+        self._training = _args.flag(value, "training")
 
     def train(self, mode=True):
         """Use batch statistics (and update the running ones) by default.
@@ -298,7 +298,7 @@ class BatchNorm:
         BatchNorm
             self.
         """
-        self._training = _flag(mode, "mode")
+        self._training = _args.flag(mode, "mode")
         return self
 
     def eval(self):
@@ -306,7 +306,7 @@ class BatchNorm:
         return self.train(False)
 
     def _check_shape(self, x):
-        _, _, channels, _ = _layout(self._data_format, x)
+        _, _, channels, _ = _args.layout(self._data_format, x)
         if channels != self._num_features:
             raise ValueError("x: expected %d channels (num_features) on axis %d for data_format "
                              "%r, got shape %s" % (self._num_features,
@@ -386,7 +386,7 @@ class BatchNorm:
         if training is None:
             training = self._training
         elif training is not True and training is not False:
-            training = _flag(training, "training")
+            training = _args.flag(training, "training")
         shape = x.shape
         bufs = self._recent if shape == self._recent_shape else self._bufs(x)
         if training:
@@ -476,10 +476,10 @@ class BatchNorm:
         """Elements per channel of `x` (the n of the Bessel factor)."""
         shape = np.shape(x)
         n = 1
-        for a in reduce_axes(self._data_format, len(shape)):
+        for a in _args.reduce_axes(self._data_format, len(shape)):
             n *= shape[a]
         return n
 
     def channel_axis(self, ndim):
         """The channel axis of a tensor of `ndim` dimensions in this layer's layout."""
-        return channel_axis(self._data_format, ndim)
+        return _args.channel_axis(self._data_format, ndim)

@@ -21,7 +21,7 @@ from _act_checks import (ALPHA, FUSIONS, check_fused_forward, check_fused_grad, 
                          make_case)
 from _checks import (DTYPES, LAYOUTS, SHAPES, check_forward, check_grad, make_shape,
                      random_vectors, random_x, seed_of, vector_dtype)
-from cfbn import _api, _gpu, reference
+from cfbn import _args, _gpu, reference
 
 # bn_math.h needs enum cfbn_activation declared first: the declaration the
 # CuPy preamble starts with.
@@ -144,7 +144,7 @@ def _plan_sums(layout, outer, channels, inner, values):
 
 def _fused_args(act, alpha, side, comp):
     """(act code, act alpha, side as the compute type or None)."""
-    code, a = _api._activation(act, alpha)
+    code, a = _args.activation(act, alpha)
     if side is not None:
         side = np.ascontiguousarray(side).reshape(-1).astype(comp)
     return code, a, side
@@ -153,7 +153,7 @@ def _fused_args(act, alpha, side, comp):
 def emulate_forward(lib, x, v, *, epsilon, data_format, is_training, factor, act=None,
                     alpha=None, side=None):
     xc = np.ascontiguousarray(x)
-    layout, outer, channels, inner = _api._layout(data_format, xc)
+    layout, outer, channels, inner = _args.layout(data_format, xc)
     vdt = vector_dtype(x.dtype)
     f32 = vdt == np.float32
     comp = np.float32 if f32 else np.float64
@@ -199,7 +199,7 @@ def emulate_forward(lib, x, v, *, epsilon, data_format, is_training, factor, act
 def emulate_grad(lib, dy, x, scale, mu, var, *, epsilon, data_format, is_training, offset=None,
                  act=None, alpha=None, side=None):
     xc = np.ascontiguousarray(x)
-    layout, outer, channels, inner = _api._layout(data_format, xc)
+    layout, outer, channels, inner = _args.layout(data_format, xc)
     vdt = vector_dtype(x.dtype)
     f32 = vdt == np.float32
     comp = np.float32 if f32 else np.float64

@@ -217,3 +217,50 @@ def test_mpirun_sync_matches_single_process(ranks):
     print(output)
     assert res.returncode == 0, output
     assert "mpi ranks=%d:" % ranks in output and " 0 failed" in output, output
+
+
+def _numpy_train_statistics(n, mu, m2, factor, mean, variance):
+    # sync_batch_norm's per-channel step as it was written in NumPy before it
+    # called the C code: the bits the C function must reproduce.
+    with np.errstate(invalid="ignore", divide="ignore"):
+        var = m2 / float(n)
+    unbiased = var * (float(n) / (float(n) - 1.0)) if n > 1 else var
+    if factor != 1.0:
+        bm = (1.0 - factor) * mean.astype(np.float64) + factor * mu
+        bv = (1.0 - factor) * variance.astype(np.float64) + factor * unbiased
+    else:
+        bm, bv = mu, unbiased
+    return var, bm, bv
+
+
+@pytest.mark.parametrize("factor", [1.0, 0.3, 0.0, 0.999])
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 17, 4096, 3 ** 20])
+def test_train_statistics_matches_the_numpy_formula(count, factor):
+    from cfbn import _kernels
+    rng = np.random.default_rng([count, int(factor * 1000)])
+    c = 33
+    mu = rng.standard_normal(c) * 10.0
+    m2 = np.abs(rng.standard_normal(c)) * count if count else np.full(c, np.nan)
+    mean = rng.standard_normal(c).astype(np.float32)
+    variance = np.abs(rng.standard_normal(c)).astype(np.float32)
+    want = _numpy_train_statistics(count, mu, m2, factor, mean, variance)
+    got = [np.full(c, -1.0) for _ in range(3)]
+    running = factor != 1.0
+    _kernels.train_statistics(count, mu, m2, factor,
+                              mean.astype(np.float64) if running else None,
+                              variance.astype(np.float64) if running else None, *got)
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        ok = ~np.isnan(w)
+        assert np.array_equal(g[ok].view(np.uint64), w[ok].view(np.uint64))
+
+
+def test_train_statistics_refuses_mismatched_vectors():
+    from cfbn import _kernels
+    v = np.zeros(3)
+    with pytest.raises(ValueError, match="one length"):
+        _kernels.train_statistics(4, v, np.zeros(2), 1.0, None, None, v, v.copy(), v.copy())
+    with pytest.raises(ValueError, match="one length"):
+        _kernels.train_statistics(4, v, v, 0.5, None, None, v.copy(), v.copy(), v.copy())
+    _kernels.train_statistics(4, np.zeros(0), np.zeros(0), 1.0, None, None,
+                              np.zeros(0), np.zeros(0), np.zeros(0))
