@@ -8,9 +8,11 @@
  * parameters, because then every lane always sees the same column; other
  * widths go row by row with a partial block at the end of each row.
  *
- * Fused activations (bn_fuse.h drives the blocks): relu, relu6 and leaky relu
- * by max/min/select; elu, sigmoid, tanh and silu through exp_s, a Cephes-style
- * expf; float64 tensors use bn_act.h's libm formulas. */
+ * Fused activations: relu, relu6 and leaky relu by max/min/select; elu,
+ * sigmoid, tanh and silu through exp_s, a Cephes-style expf.  For float and
+ * half tensors they run inside the vector loops of the *_fused entries;
+ * float64 tensors take the routing layer's fallback (these plain kernels
+ * over L1-sized blocks, bn_math.h's libm formulas). */
 #include "cfbn.h"
 
 #if defined(__aarch64__)
@@ -628,38 +630,452 @@ INLINE float32x4_t act_grad_s(float32x4_t v, int kind, float32x4_t al)
     }
 }
 
-INLINE void act_loop_s(const float *t, const void *side, void *out, int64_t n, int half, int kind, float alpha)
+/* ---- fused activation and side input in one pass (f32 and f16 tensors) ----
+ * The pre-activation, g and the activation stay in registers: x, dy and side
+ * are read once, each output written once, with no block buffer between the
+ * normalization and the activation.  Element for element these compute what
+ * a pass of this file's plain kernels followed by a vector activation loop
+ * (exp_s, act_s) would, with the same FMAs in the same order (only the sign
+ * of a NaN may differ, as instruction selection negates operands).
+ *
+ * Aliasing: every vector of every input is loaded before anything is stored
+ * at its position, so y may be x or side, and dx or side_grad may be dy or x.
+ * A partial vector reads lanes of the next row (masked off) but stores only
+ * its own elements.  Callers split multi-run calls (runs <= 1 here) and take
+ * regular stores: the stream hint is ignored.
+ *
+ * Each kernel switches on the activation once per call (CFBN_ACT_SPECIALIZE)
+ * into a loop compiled for that activation.  With act NONE the gradient
+ * kernels read neither ya, yb nor side (cfbn.h), and g is dy. */
+
+/* Per-lane parameters of one 4-element block: mhi, mlo and the
+ * pre-activation's ya, yb (alpha, beta in the forward); a, b, c for dx. */
+typedef struct {
+    float32x4_t mhi, mlo, ya, yb, a, b, c;
+} fpar_s;
+
+INLINE float32x4_t fpre_s(float32x4_t x, float32x4_t side, int has_side, const fpar_s *q)
 {
-    float32x4_t al = vdupq_n_f32(alpha);
+    float32x4_t v = apply_s(x, q->mhi, q->mlo, q->ya, q->yb);
+    /* added only when there is a side input, so that a -0 pre-activation
+     * keeps its sign (bn_math.h: cfbn_fused_y_f) */
+    return has_side ? vaddq_f32(v, side) : v;
+}
+
+INLINE float32x4_t fy_s(float32x4_t x, float32x4_t side, int has_side, const fpar_s *q, int kind, float32x4_t al)
+{
+    return act_s(fpre_s(x, side, has_side, q), kind, al);
+}
+
+INLINE float32x4_t fg_s(float32x4_t dy, float32x4_t x, float32x4_t side, int has_side, const fpar_s *q, int kind,
+                        float32x4_t al)
+{
+    if (kind == CFBN_ACT_NONE) return dy;
+    return vmulq_f32(dy, act_grad_s(fpre_s(x, side, has_side, q), kind, al));
+}
+
+/* side lanes of a block, zero without a side input */
+INLINE float32x4_t fside4(const void *side, int64_t i, int half)
+{
+    return side ? ld4(side, i, half) : vdupq_n_f32(0.0f);
+}
+
+INLINE float32x4_t fside_part(const void *side, int64_t i, int64_t cnt, int64_t avail, int half)
+{
+    return side ? ld_part(side, i, cnt, avail, half) : vdupq_n_f32(0.0f);
+}
+
+/* Parameters broadcast from element 0 (a run) into both block sets.  ya, yb
+ * come from alpha, beta for the forward; a, b, c are read when given. */
+INLINE void fpar_run(fpar_s *q, const float *mhi, const float *mlo, const float *ya, const float *yb,
+                     const float *a, const float *b, const float *c)
+{
+    const float32x4_t z = vdupq_n_f32(0.0f);
+    fpar_s r = {vdupq_n_f32(mhi[0]), vdupq_n_f32(mlo[0]), ya ? vdupq_n_f32(ya[0]) : z, yb ? vdupq_n_f32(yb[0]) : z,
+                a ? vdupq_n_f32(a[0]) : z, b ? vdupq_n_f32(b[0]) : z, c ? vdupq_n_f32(c[0]) : z};
+    q[0] = r;
+    q[1] = r;
+}
+
+/* Per-lane parameters of the flat stream for a width w dividing 8: q[0] for
+ * even 4-blocks, q[1] for odd ones. */
+INLINE void fpar_lanes(fpar_s *q, int64_t w, const float *mhi, const float *mlo, const float *ya, const float *yb,
+                       const float *a, const float *b, const float *c)
+{
+    const float32x4_t z = vdupq_n_f32(0.0f);
+    q[0].ya = q[1].ya = q[0].yb = q[1].yb = z;
+    q[0].a = q[1].a = q[0].b = q[1].b = q[0].c = q[1].c = z;
+    lanes_s(mhi, w, &q[0].mhi, &q[1].mhi);
+    lanes_s(mlo, w, &q[0].mlo, &q[1].mlo);
+    if (ya) lanes_s(ya, w, &q[0].ya, &q[1].ya);
+    if (yb) lanes_s(yb, w, &q[0].yb, &q[1].yb);
+    if (a) lanes_s(a, w, &q[0].a, &q[1].a);
+    if (b) lanes_s(b, w, &q[0].b, &q[1].b);
+    if (c) lanes_s(c, w, &q[0].c, &q[1].c);
+}
+
+/* Columns j..j+3 of the parameter arrays (the given ones). */
+INLINE fpar_s fpar_cols(int64_t j, const float *mhi, const float *mlo, const float *ya, const float *yb,
+                        const float *a, const float *b, const float *c)
+{
+    const float32x4_t z = vdupq_n_f32(0.0f);
+    fpar_s r = {vld1q_f32(mhi + j), vld1q_f32(mlo + j), ya ? vld1q_f32(ya + j) : z, yb ? vld1q_f32(yb + j) : z,
+                a ? vld1q_f32(a + j) : z, b ? vld1q_f32(b + j) : z, c ? vld1q_f32(c + j) : z};
+    return r;
+}
+
+/* The last cnt (1..3) columns from j, zero-padded, read as ldparam_s does. */
+INLINE fpar_s fpar_tail(int64_t j, int64_t cnt, const float *mhi, const float *mlo, const float *ya,
+                        const float *yb, const float *a, const float *b, const float *c)
+{
+    const float32x4_t z = vdupq_n_f32(0.0f);
+    fpar_s r = {ldparam_s(mhi + j, cnt), ldparam_s(mlo + j, cnt), ya ? ldparam_s(ya + j, cnt) : z,
+                yb ? ldparam_s(yb + j, cnt) : z, a ? ldparam_s(a + j, cnt) : z, b ? ldparam_s(b + j, cnt) : z,
+                c ? ldparam_s(c + j, cnt) : z};
+    return r;
+}
+
+/* -- forward: y = act(pre + side) -- */
+
+/* one block of cnt (1..3) elements at i, avail elements readable from i */
+INLINE void fapply_part(const void *x, const void *side, void *y, int64_t i, int64_t cnt, int64_t avail,
+                        const fpar_s *q, int kind, float32x4_t al, int half)
+{
+    float32x4_t v = ld_part(x, i, cnt, avail, half), s = fside_part(side, i, cnt, avail, half);
+    st_part(y, i, fy_s(v, s, side != NULL, q, kind, al), cnt, half);
+}
+
+INLINE void fapply_flat(const void *x, const void *side, void *y, int64_t n, const fpar_s *q, int kind,
+                        float act_alpha, int half)
+{
+    const float32x4_t al = vdupq_n_f32(act_alpha);
+    const int hs = side != NULL;
     int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        float32x4_t v = vld1q_f32(t + i);
-        if (side) v = vaddq_f32(v, ld4(side, i, half));
-        st4(out, i, act_s(v, kind, al), half);
+    for (; i + 8 <= n; i += 8) {
+        float32x4_t v0 = ld4(x, i, half), v1 = ld4(x, i + 4, half);
+        float32x4_t s0 = fside4(side, i, half), s1 = fside4(side, i + 4, half);
+        st4(y, i, fy_s(v0, s0, hs, &q[0], kind, al), half);
+        st4(y, i + 4, fy_s(v1, s1, hs, &q[1], kind, al), half);
     }
-    if (i < n) {
-        int64_t cnt = n - i;
-        float32x4_t v = ld_part(t, i, cnt, cnt, 0);
-        if (side) v = vaddq_f32(v, ld_part(side, i, cnt, cnt, half));
-        st_part(out, i, act_s(v, kind, al), cnt, half);
+    if (i + 4 <= n) {
+        st4(y, i, fy_s(ld4(x, i, half), fside4(side, i, half), hs, &q[0], kind, al), half);
+        i += 4;
+    }
+    if (i < n) fapply_part(x, side, y, i, n - i, n - i, &q[(i >> 2) & 1], kind, al, half);
+}
+
+INLINE void apply_run_fused_s(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int kind, int half)
+{
+    fpar_s q[2];
+    fpar_run(q, p->mhi, p->mlo, p->alpha, p->beta, NULL, NULL, NULL);
+    fapply_flat(x, p->side, y, n, q, kind, p->act_alpha, half);
+}
+
+INLINE void apply_rows_fused_s(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int kind,
+                               int half)
+{
+    if (w <= 0) return;
+    const void *side = p->side;
+    if (8 % w == 0) {
+        fpar_s q[2];
+        fpar_lanes(q, w, p->mhi, p->mlo, p->alpha, p->beta, NULL, NULL, NULL);
+        fapply_flat(x, side, y, rows * w, q, kind, p->act_alpha, half);
+        return;
+    }
+    const float32x4_t al = vdupq_n_f32(p->act_alpha);
+    const int hs = side != NULL;
+    const int64_t full = w & ~(int64_t)3, cnt = w - full, n = rows * w;
+    fpar_s t = fpar_tail(full, cnt, p->mhi, p->mlo, p->alpha, p->beta, NULL, NULL, NULL);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += 4) {
+            fpar_s q = fpar_cols(j, p->mhi, p->mlo, p->alpha, p->beta, NULL, NULL, NULL);
+            float32x4_t v = ld4(x, o + j, half), s = fside4(side, o + j, half);
+            st4(y, o + j, fy_s(v, s, hs, &q, kind, al), half);
+        }
+        if (cnt) fapply_part(x, side, y, o + full, cnt, n - o - full, &t, kind, al, half);
     }
 }
 
-INLINE void act_grad_loop_s(float *t, const void *dy, const void *side, int64_t n, int half, int kind, float alpha)
+/* -- gradient sums: sum g, sum g * ((x - mhi) - mlo), in double as
+ * gstats_step forms them (each g and d widened, the product an FMA in
+ * double) -- */
+
+INLINE void fgstats_blk(acc4 *acc, float32x4_t dy, float32x4_t x, float32x4_t s, int hs, const fpar_s *q, int kind,
+                        float32x4_t al)
 {
-    float32x4_t al = vdupq_n_f32(alpha);
+    gstats_step(acc, fg_s(dy, x, s, hs, q, kind, al), centered_s(x, q->mhi, q->mlo));
+}
+
+/* A partial block: its dead lanes read as 0, but g and d are formed from
+ * whatever the parameters make of them (an inf mean, a NaN act'), so both
+ * are masked to +0 before they reach the sums. */
+INLINE void fgstats_part(acc4 *acc, const void *dy, const void *x, const void *side, int64_t i, int64_t cnt,
+                         int64_t avail, const fpar_s *q, int kind, float32x4_t al, int half)
+{
+    uint32x4_t mk = mask_s(cnt);
+    float32x4_t g = ld_part(dy, i, cnt, avail, half), v = ld_part(x, i, cnt, avail, half);
+    float32x4_t s = fside_part(side, i, cnt, avail, half);
+    g = fg_s(g, v, s, side != NULL, q, kind, al);
+    gstats_step(acc, and_s(g, mk), and_s(centered_s(v, q->mhi, q->mlo), mk));
+}
+
+INLINE void fgstats_flat(const void *dy, const void *x, const void *side, int64_t n, const fpar_s *q, int kind,
+                         float act_alpha, int half, acc4 *ea, acc4 *oa)
+{
+    const float32x4_t al = vdupq_n_f32(act_alpha);
+    const int hs = side != NULL;
+    acc4 a = acc4_zero(), b = acc4_zero();
     int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        float32x4_t v = vld1q_f32(t + i);
-        if (side) v = vaddq_f32(v, ld4(side, i, half));
-        vst1q_f32(t + i, vmulq_f32(ld4(dy, i, half), act_grad_s(v, kind, al)));
+    for (; i + 8 <= n; i += 8) {
+        fgstats_blk(&a, ld4(dy, i, half), ld4(x, i, half), fside4(side, i, half), hs, &q[0], kind, al);
+        fgstats_blk(&b, ld4(dy, i + 4, half), ld4(x, i + 4, half), fside4(side, i + 4, half), hs, &q[1], kind, al);
+    }
+    if (i + 4 <= n) {
+        fgstats_blk(&a, ld4(dy, i, half), ld4(x, i, half), fside4(side, i, half), hs, &q[0], kind, al);
+        i += 4;
     }
     if (i < n) {
-        int64_t cnt = n - i;
-        float32x4_t v = ld_part(t, i, cnt, cnt, 0);
-        if (side) v = vaddq_f32(v, ld_part(side, i, cnt, cnt, half));
-        st_part(t, i, vmulq_f32(ld_part(dy, i, cnt, cnt, half), act_grad_s(v, kind, al)), cnt, 0);
+        if ((i >> 2) & 1) fgstats_part(&b, dy, x, side, i, n - i, n - i, &q[1], kind, al, half);
+        else fgstats_part(&a, dy, x, side, i, n - i, n - i, &q[0], kind, al, half);
     }
+    *ea = a;
+    *oa = b;
+}
+
+INLINE void gstats_run_fused_s(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc,
+                               int kind, int half)
+{
+    const int on = kind != CFBN_ACT_NONE;
+    fpar_s q[2];
+    fpar_run(q, p->mhi, p->mlo, on ? p->ya : NULL, on ? p->yb : NULL, NULL, NULL, NULL);
+    acc4 a, b;
+    fgstats_flat(dy, x, on ? p->side : NULL, n, q, kind, p->act_alpha, half, &a, &b);
+    acc4 t = acc4_add(a, b);
+    acc[0] = sum_acc_s1(t);
+    acc[1] = sum_acc_s2(t);
+}
+
+INLINE void gstats_rows_fused_s(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                                double *acc, int kind, int half)
+{
+    if (w <= 0) return;
+    const int on = kind != CFBN_ACT_NONE;
+    const float *ya = on ? p->ya : NULL, *yb = on ? p->yb : NULL;
+    const void *side = on ? p->side : NULL;
+    if (8 % w == 0) {
+        fpar_s q[2];
+        double s1[8], s2[8];
+        fpar_lanes(q, w, p->mhi, p->mlo, ya, yb, NULL, NULL, NULL);
+        acc4 a, b;
+        fgstats_flat(dy, x, side, rows * w, q, kind, p->act_alpha, half, &a, &b);
+        acc4_store(&a, s1, s2);
+        acc4_store(&b, s1 + 4, s2 + 4);
+        fold_lanes(s1, 8, w, acc);
+        fold_lanes(s2, 8, w, acc + w);
+        return;
+    }
+    /* as gstats_rows_s: full 4-column blocks accumulate in acc, two rows per
+     * load/store; the partial block's sums stay in registers */
+    const float32x4_t al = vdupq_n_f32(p->act_alpha);
+    const int hs = side != NULL;
+    const int64_t full = w & ~(int64_t)3, cnt = w - full, n = rows * w;
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    acc4 t = acc4_zero();
+    fpar_s tq = fpar_tail(full, cnt, p->mhi, p->mlo, ya, yb, NULL, NULL, NULL);
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const int64_t o0 = r * w, o1 = o0 + w;
+        for (int64_t j = 0; j < full; j += 4) {
+            fpar_s q = fpar_cols(j, p->mhi, p->mlo, ya, yb, NULL, NULL, NULL);
+            acc4 c = acc4_load(acc + j, acc + w + j);
+            fgstats_blk(&c, ld4(dy, o0 + j, half), ld4(x, o0 + j, half), fside4(side, o0 + j, half), hs, &q, kind, al);
+            fgstats_blk(&c, ld4(dy, o1 + j, half), ld4(x, o1 + j, half), fside4(side, o1 + j, half), hs, &q, kind, al);
+            acc4_store(&c, acc + j, acc + w + j);
+        }
+        if (cnt) {
+            fgstats_part(&t, dy, x, side, o0 + full, cnt, n - o0 - full, &tq, kind, al, half);
+            fgstats_part(&t, dy, x, side, o1 + full, cnt, n - o1 - full, &tq, kind, al, half);
+        }
+    }
+    if (r < rows) {
+        const int64_t o0 = r * w;
+        for (int64_t j = 0; j < full; j += 4) {
+            fpar_s q = fpar_cols(j, p->mhi, p->mlo, ya, yb, NULL, NULL, NULL);
+            acc4 c = acc4_load(acc + j, acc + w + j);
+            fgstats_blk(&c, ld4(dy, o0 + j, half), ld4(x, o0 + j, half), fside4(side, o0 + j, half), hs, &q, kind, al);
+            acc4_store(&c, acc + j, acc + w + j);
+        }
+        if (cnt) fgstats_part(&t, dy, x, side, o0 + full, cnt, n - o0 - full, &tq, kind, al, half);
+    }
+    if (cnt) acc4_store_part(&t, acc + full, acc + w + full, cnt);
+}
+
+/* -- gradient: dx = g * a + (d * b + c), side_grad = g -- */
+
+INLINE void fgapply_blk(const void *dy, const void *x, const void *side, void *dx, void *sg, int64_t i,
+                        const fpar_s *q, int kind, float32x4_t al, int half)
+{
+    float32x4_t v = ld4(x, i, half);
+    float32x4_t g = fg_s(ld4(dy, i, half), v, fside4(side, i, half), side != NULL, q, kind, al);
+    float32x4_t o = gapply_s(g, v, q->mhi, q->mlo, q->a, q->b, q->c);
+    if (sg) st4(sg, i, g, half);
+    st4(dx, i, o, half);
+}
+
+INLINE void fgapply_part(const void *dy, const void *x, const void *side, void *dx, void *sg, int64_t i, int64_t cnt,
+                         int64_t avail, const fpar_s *q, int kind, float32x4_t al, int half)
+{
+    float32x4_t v = ld_part(x, i, cnt, avail, half);
+    float32x4_t g = fg_s(ld_part(dy, i, cnt, avail, half), v, fside_part(side, i, cnt, avail, half), side != NULL, q,
+                         kind, al);
+    float32x4_t o = gapply_s(g, v, q->mhi, q->mlo, q->a, q->b, q->c);
+    if (sg) st_part(sg, i, g, cnt, half);
+    st_part(dx, i, o, cnt, half);
+}
+
+INLINE void fgapply_flat(const void *dy, const void *x, const void *side, void *dx, void *sg, int64_t n,
+                         const fpar_s *q, int kind, float act_alpha, int half)
+{
+    const float32x4_t al = vdupq_n_f32(act_alpha);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        fgapply_blk(dy, x, side, dx, sg, i, &q[0], kind, al, half);
+        fgapply_blk(dy, x, side, dx, sg, i + 4, &q[1], kind, al, half);
+    }
+    if (i + 4 <= n) {
+        fgapply_blk(dy, x, side, dx, sg, i, &q[0], kind, al, half);
+        i += 4;
+    }
+    if (i < n) fgapply_part(dy, x, side, dx, sg, i, n - i, n - i, &q[(i >> 2) & 1], kind, al, half);
+}
+
+INLINE void gapply_run_fused_s(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int kind,
+                               int half)
+{
+    const int on = kind != CFBN_ACT_NONE;
+    fpar_s q[2];
+    fpar_run(q, p->mhi, p->mlo, on ? p->ya : NULL, on ? p->yb : NULL, p->a, p->b, p->c);
+    fgapply_flat(dy, x, on ? p->side : NULL, dx, p->side_grad, n, q, kind, p->act_alpha, half);
+}
+
+INLINE void gapply_rows_fused_s(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
+                                const cfbn_grad_f32 *p, int kind, int half)
+{
+    if (w <= 0) return;
+    const int on = kind != CFBN_ACT_NONE;
+    const float *ya = on ? p->ya : NULL, *yb = on ? p->yb : NULL;
+    const void *side = on ? p->side : NULL;
+    void *sg = p->side_grad;
+    if (8 % w == 0) {
+        fpar_s q[2];
+        fpar_lanes(q, w, p->mhi, p->mlo, ya, yb, p->a, p->b, p->c);
+        fgapply_flat(dy, x, side, dx, sg, rows * w, q, kind, p->act_alpha, half);
+        return;
+    }
+    const float32x4_t al = vdupq_n_f32(p->act_alpha);
+    const int64_t full = w & ~(int64_t)3, cnt = w - full, n = rows * w;
+    fpar_s t = fpar_tail(full, cnt, p->mhi, p->mlo, ya, yb, p->a, p->b, p->c);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += 4) {
+            fpar_s q = fpar_cols(j, p->mhi, p->mlo, ya, yb, p->a, p->b, p->c);
+            fgapply_blk(dy, x, side, dx, sg, o + j, &q, kind, al, half);
+        }
+        if (cnt) fgapply_part(dy, x, side, dx, sg, o + full, cnt, n - o - full, &t, kind, al, half);
+    }
+}
+
+/* -- the entry points: one loop per activation -- */
+
+static void apply_run_fused_f32(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)
+{
+#define FUSED(k) apply_run_fused_s(x, y, n, p, k, 0)
+    CFBN_ACT_SPECIALIZE(p->act, FUSED)
+#undef FUSED
+}
+
+static void apply_rows_fused_f32(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+{
+#define FUSED(k) apply_rows_fused_s(x, y, rows, w, p, k, 0)
+    CFBN_ACT_SPECIALIZE(p->act, FUSED)
+#undef FUSED
+}
+
+static void gstats_run_fused_f32(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+{
+#define FUSED(k) gstats_run_fused_s(dy, x, n, p, acc, k, 0)
+    CFBN_ACT_SPECIALIZE(p->act, FUSED)
+#undef FUSED
+}
+
+static void gstats_rows_fused_f32(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                                  double *acc)
+{
+#define FUSED(k) gstats_rows_fused_s(dy, x, rows, w, p, acc, k, 0)
+    CFBN_ACT_SPECIALIZE(p->act, FUSED)
+#undef FUSED
+}
+
+static void gapply_run_fused_f32(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
+{
+#define FUSED(k) gapply_run_fused_s(dy, x, dx, n, p, k, 0)
+    CFBN_ACT_SPECIALIZE(p->act, FUSED)
+#undef FUSED
+}
+
+static void gapply_rows_fused_f32(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
+                                  const cfbn_grad_f32 *p)
+{
+#define FUSED(k) gapply_rows_fused_s(dy, x, dx, rows, w, p, k, 0)
+    CFBN_ACT_SPECIALIZE(p->act, FUSED)
+#undef FUSED
+}
+
+static void apply_run_fused_f16(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)
+{
+#define FUSED(k) apply_run_fused_s(x, y, n, p, k, 1)
+    CFBN_ACT_SPECIALIZE(p->act, FUSED)
+#undef FUSED
+}
+
+static void apply_rows_fused_f16(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+{
+#define FUSED(k) apply_rows_fused_s(x, y, rows, w, p, k, 1)
+    CFBN_ACT_SPECIALIZE(p->act, FUSED)
+#undef FUSED
+}
+
+static void gstats_run_fused_f16(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p,
+                                 double *acc)
+{
+#define FUSED(k) gstats_run_fused_s(dy, x, n, p, acc, k, 1)
+    CFBN_ACT_SPECIALIZE(p->act, FUSED)
+#undef FUSED
+}
+
+static void gstats_rows_fused_f16(const void *dy, const void *x, int64_t rows, int64_t w,
+                                  const cfbn_grad_f32 *p, double *acc)
+{
+#define FUSED(k) gstats_rows_fused_s(dy, x, rows, w, p, acc, k, 1)
+    CFBN_ACT_SPECIALIZE(p->act, FUSED)
+#undef FUSED
+}
+
+static void gapply_run_fused_f16(const void *dy, const void *x, void *dx, int64_t n,
+                                 const cfbn_grad_f32 *p)
+{
+#define FUSED(k) gapply_run_fused_s(dy, x, dx, n, p, k, 1)
+    CFBN_ACT_SPECIALIZE(p->act, FUSED)
+#undef FUSED
+}
+
+static void gapply_rows_fused_f16(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
+                                  const cfbn_grad_f32 *p)
+{
+#define FUSED(k) gapply_rows_fused_s(dy, x, dx, rows, w, p, k, 1)
+    CFBN_ACT_SPECIALIZE(p->act, FUSED)
+#undef FUSED
 }
 
 /* ---- float32 and float16 entries ---- */
@@ -1101,6 +1517,9 @@ const cfbn_kernels cfbn_kernels_neon = {
     .f32 = {
         stats_run_f32, stats_rows_f32, apply_run_f32, apply_rows_f32,
         gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
+        .apply_run_fused = apply_run_fused_f32, .apply_rows_fused = apply_rows_fused_f32,
+        .gstats_run_fused = gstats_run_fused_f32, .gstats_rows_fused = gstats_rows_fused_f32,
+        .gapply_run_fused = gapply_run_fused_f32, .gapply_rows_fused = gapply_rows_fused_f32,
     },
     .f64 = {
         stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
@@ -1109,6 +1528,9 @@ const cfbn_kernels cfbn_kernels_neon = {
     .f16 = {
         stats_run_f16, stats_rows_f16, apply_run_f16, apply_rows_f16,
         gstats_run_f16, gstats_rows_f16, gapply_run_f16, gapply_rows_f16,
+        .apply_run_fused = apply_run_fused_f16, .apply_rows_fused = apply_rows_fused_f16,
+        .gstats_run_fused = gstats_run_fused_f16, .gstats_rows_fused = gstats_rows_fused_f16,
+        .gapply_run_fused = gapply_run_fused_f16, .gapply_rows_fused = gapply_rows_fused_f16,
     },
 };
 

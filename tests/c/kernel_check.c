@@ -191,6 +191,9 @@ static double g_alpha = 0.0;
 static int g_side = 0;
 /* runs and stride handed to the run kernels (cfbn.h) */
 static int64_t g_runs = 0, g_stride = 0;
+/* with g_side, the side input handed to the table under test when not NULL
+ * (an array that is also the output), else the case's own */
+static const void *g_side_at = NULL;
 
 static void *alloc_param(tcase *t, int slot, const double *v, int64_t w)
 {
@@ -309,7 +312,7 @@ static void call(const cfbn_kernels *k, int kind, const tcase *t, const void *x,
     int64_t n = t->n, r = t->rows, w = t->w;
     int rows = t->rows_kind;
     int64_t nr = rows ? r : n;
-    const void *side = g_side ? t->side : NULL;
+    const void *side = g_side ? (g_side_at ? g_side_at : t->side) : NULL;
     if (kind == K_STATS) {
         cfbn_route_stats(k, t->dt, x, nr, w, !rows, t->shift, out);
     } else if (t->dt == CFBN_F32 || t->dt == CFBN_F16) {
@@ -503,6 +506,11 @@ static void fused_elem(const tcase *t, int64_t i, double *pre, double *dpre, dou
     if (near_kink(g_act, *pre, 2.0 * *dpre)) *der_tol += fmax(1.0, fabs(g_alpha)) + 1.0;
 }
 
+/* inplace: 0 separate outputs;
+ *          1 the output is x (apply) or dy (gradients), side_grad is x;
+ *          2 the output is side (apply) or x (gapply), side_grad is dy.
+ * An aliased input holds a copy of the case's array; the scalar table gets
+ * the case's own, unaliased. */
 static int check_fused(const cfbn_kernels *k, int kind, const tcase *t, int scenario, int inplace)
 {
     int dt = t->dt;
@@ -522,17 +530,31 @@ static int check_fused(const cfbn_kernels *k, int kind, const tcase *t, int scen
     out_poison(&sref);
     out_poison(&sgot);
 
-    const void *x = t->x, *dy = t->dy;
-    if (inplace) {
+    const void *x = t->x, *dy = t->dy, *side_at = NULL;
+    if (inplace == 1) {
         memcpy(got.p, kind == K_APPLY ? t->x : t->dy, got.bytes);
         if (kind == K_APPLY) x = got.p;
         else dy = got.p;
+        if (with_sg) {
+            memcpy(sgot.p, t->x, sgot.bytes);
+            x = sgot.p;
+        }
+    } else if (inplace == 2) {
+        memcpy(got.p, kind == K_APPLY ? t->side : t->x, got.bytes);
+        if (kind == K_APPLY) side_at = got.p;
+        else x = got.p;
+        if (with_sg) {
+            memcpy(sgot.p, t->dy, sgot.bytes);
+            dy = sgot.p;
+        }
     }
     call(&cfbn_kernels_scalar, kind, t, t->x, t->dy, ref.p, with_sg ? sref.p : NULL);
+    g_side_at = side_at;
     call(k, kind, t, x, dy, got.p, with_sg ? sgot.p : NULL);
+    g_side_at = NULL;
 
     char what[64];
-    snprintf(what, sizeof what, "act %d side %d%s", g_act, g_side, inplace ? " in place" : "");
+    snprintf(what, sizeof what, "act %d side %d%s", g_act, g_side, inplace == 1 ? " in place" : inplace ? " in place 2" : "");
     int ok = 1;
     if (!out_guards_ok(&got) || !out_guards_ok(&sgot)) ok = report(k, kind, t, scenario, "guard overwritten", -1, 0, 0, 0);
     if (is_stats) {
@@ -602,7 +624,9 @@ static void check_fused_table(const cfbn_kernels *k)
     static const double alphas[CFBN_ACT_COUNT] = {0.0, 0.0, 0.0, 0.2, 1.3, 0.0, 0.0, 0.0};
     long before_pass = n_pass, before_fail = n_fail;
     for (int dt = 0; dt < 3; dt++) {
-        for (int s = 0; s < 4; s += 3) {
+        /* scenarios 0 and 3 for every kernel; the exponent-range ones (4 to
+         * 7), which exist for the sums, for the gradient sums */
+        for (int s = 0; s < SCENARIOS; s += s == 0 ? 3 : 1) {
             for (size_t a = 0; a < sizeof ns / sizeof *ns + sizeof rows / sizeof *rows * (sizeof ws / sizeof *ws); a++) {
                 tcase t;
                 size_t nn = sizeof ns / sizeof *ns, nw = sizeof ws / sizeof *ws;
@@ -615,8 +639,10 @@ static void check_fused_table(const cfbn_kernels *k)
                         /* with and without streaming stores asked for */
                         for (g_stream = 0; g_stream < 2; g_stream++) {
                             for (int kind = K_APPLY; kind <= K_GAPPLY; kind++) {
+                                if (s >= 4 && kind != K_GSTATS) continue;
                                 check_fused(k, kind, &t, s, 0);
                                 if (kind != K_GSTATS) check_fused(k, kind, &t, s, 1);
+                                if (kind == K_GAPPLY || (kind == K_APPLY && g_side)) check_fused(k, kind, &t, s, 2);
                             }
                         }
                         g_stream = 0;
