@@ -1417,6 +1417,113 @@ INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, i
     if (cnt) acc8_store_part(&ta, acc + full, acc + w + full, cnt);
 }
 
+/* Fused gradient sums in float blocks, as the plain kernels sum (8 rows, or
+ * 128-element stretches of a run, pairwise in float, then added in double):
+ * the double accumulation above converts every g and d, which costs more
+ * than the pass's loads.  A column (or run) whose float sums need double
+ * (needs_double) is summed again one element at a time, g recomputed with
+ * bn_math.h's formulas. */
+COLD void fgstats_column_pd(const void *dy, const void *x, int64_t rows, int64_t w, int64_t j,
+                            const cfbn_grad_f32 *p, int64_t c, double *s1, double *s2, int half)
+{
+    const void *side = p->side;
+    float mhi = p->mhi[c], mlo = p->mlo[c], ya = p->ya[c], yb = p->yb[c];
+    double a = 0.0, b = 0.0;
+    for (int64_t r = 0; r < rows && b == b; r++) {
+        int64_t i = r * w + j;
+        float xv = ld1(x, i, half), sv = side ? ld1(side, i, half) : 0.0f;
+        float g = cfbn_fused_g_f(p->act, p->act_alpha, ld1(dy, i, half), xv, side != NULL, sv, mhi, mlo, ya, yb);
+        float d = (xv - mhi) - mlo;
+        a += (double)g;
+        b += (double)g * (double)d;
+    }
+    *s1 = a;
+    *s2 = b;
+}
+
+INLINE void fgstats_redo_columns(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                                 double *acc, int half)
+{
+    for (int64_t j = 0; j < w; j++) {
+        int redo = needs_double(acc[j], acc[w + j], (double)rows, fabs(p->mhi[j]),
+                                finite_f(p->mhi[j]) && finite_f(p->mlo[j]));
+        if (redo) fgstats_column_pd(dy, x, rows, w, j, p, j, acc + j, acc + w + j, half);
+    }
+}
+
+/* rows of a multiple of 8 wider than 16 (gstats_rows8_ps with g for dy) */
+INLINE void fgstats_rows8_ps(const void *dy, const void *x, const void *side, int64_t rows, int64_t w,
+                             const cfbn_grad_f32 *p, int kind, int hs, __m256 al, int half, double *acc)
+{
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    const size_t es = half ? 2 : 4, rs = (size_t)w * es;
+    const __m256 z = _mm256_setzero_ps();
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8) {
+        const int64_t o = r * w;
+        const char *bd = (const char *)dy + (size_t)o * es, *bx = (const char *)x + (size_t)o * es;
+        const char *bs = hs ? (const char *)side + (size_t)o * es : NULL;
+        for (int64_t j = 0; j < w; j += 8, bd += 8 * es, bx += 8 * es, bs = hs ? bs + 8 * es : NULL) {
+            prefetch_group_l2(dy, o, j, es);
+            prefetch_group_l2(x, o, j, es);
+            if (hs) prefetch_group_l2(side, o, j, es);
+            const __m256 q[4] = {_mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j),
+                                 _mm256_loadu_ps(p->ya + j), _mm256_loadu_ps(p->yb + j)};
+            __m256 sg[4], sq[4];
+            for (int k = 0; k < 4; k++) {
+                __m256 x0 = ld8(bx + 2 * k * rs, 0, half), x1 = ld8(bx + (2 * k + 1) * rs, 0, half);
+                __m256 s0 = hs ? ld8(bs + 2 * k * rs, 0, half) : z, s1 = hs ? ld8(bs + (2 * k + 1) * rs, 0, half) : z;
+                __m256 g0 = fused_g_ps(ld8(bd + 2 * k * rs, 0, half), x0, s0, q, kind, hs, al);
+                __m256 g1 = fused_g_ps(ld8(bd + (2 * k + 1) * rs, 0, half), x1, s1, q, kind, hs, al);
+                __m256 u0 = _mm256_sub_ps(x0, q[0]), u1 = _mm256_sub_ps(x1, q[0]);
+                sg[k] = _mm256_add_ps(g0, g1);
+                sq[k] = _mm256_fmadd_ps(g1, u1, _mm256_mul_ps(g0, u0));
+            }
+            __m256 t1 = _mm256_add_ps(_mm256_add_ps(sg[0], sg[1]), _mm256_add_ps(sg[2], sg[3]));
+            __m256 t2 = _mm256_add_ps(_mm256_add_ps(sq[0], sq[1]), _mm256_add_ps(sq[2], sq[3]));
+            add_block_mlo(acc, w, j, t1, t2, q[1]);
+        }
+    }
+    for (; r < rows; r++) {
+        for (int64_t j = 0; j < w; j += 8) {
+            const __m256 q[4] = {_mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j),
+                                 _mm256_loadu_ps(p->ya + j), _mm256_loadu_ps(p->yb + j)};
+            __m256 x0 = ld8(x, r * w + j, half), s0 = hs ? ld8(side, r * w + j, half) : z;
+            __m256 g = fused_g_ps(ld8(dy, r * w + j, half), x0, s0, q, kind, hs, al);
+            add_block(acc, w, j, g, _mm256_mul_ps(g, centered_ps(x0, q[0], q[1])));
+        }
+    }
+    if (any_suspect(acc, w, (double)rows)) fgstats_redo_columns(dy, x, rows, w, p, acc, half);
+}
+
+/* a run: 128-element stretches summed as gstats_flat_ps's tree, the rest by
+ * fgstats_flat_ps's double steps */
+INLINE void fgstats_tree_ps(const void *dy, const void *x, const void *side, int64_t n, const __m256 *q, int kind,
+                            int hs, __m256 al, int half, double *acc)
+{
+    const __m256 z = _mm256_setzero_ps();
+    acc8 a = acc8_zero(), b = acc8_zero(), e, o;
+    int64_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        __m256 g[8], d[8];
+        for (int h = 0; h < 2; h++) {
+            for (int k = 0; k < 8; k++) {
+                int64_t e0 = i + 16 * k + 8 * h;
+                __m256 x0 = ld8(x, e0, half), s0 = hs ? ld8(side, e0, half) : z;
+                g[k] = fused_g_ps(ld8(dy, e0, half), x0, s0, q, kind, hs, al);
+                d[k] = _mm256_sub_ps(x0, q[0]);
+            }
+            gstats_tree_step(h ? &b : &a, g, d, q[1]);
+        }
+    }
+    fgstats_flat_ps((const char *)dy + (size_t)i * (half ? 2 : 4), (const char *)x + (size_t)i * (half ? 2 : 4),
+                    hs ? (const char *)side + (size_t)i * (half ? 2 : 4) : NULL, n - i, q, kind, hs, al, half, &e, &o);
+    acc[0] = hsum_pd(_mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)),
+                                   _mm256_add_pd(_mm256_add_pd(e.s1lo, e.s1hi), _mm256_add_pd(o.s1lo, o.s1hi))));
+    acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)),
+                                   _mm256_add_pd(_mm256_add_pd(e.s2lo, e.s2hi), _mm256_add_pd(o.s2lo, o.s2hi))));
+}
+
 INLINE void fgstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int half)
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]), al = _mm256_set1_ps(p->act_alpha);
@@ -1427,14 +1534,12 @@ INLINE void fgstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_
     }
     const __m256 q[8] = {m, l, a, b, m, l, a, b};
     const void *side = p->side;
-    acc8 e, o;
 #define FGSTATS_RUN(k)                                                          \
-    if (side) fgstats_flat_ps(dy, x, side, n, q, k, 1, al, half, &e, &o);       \
-    else fgstats_flat_ps(dy, x, NULL, n, q, k, 0, al, half, &e, &o)
+    if (side) fgstats_tree_ps(dy, x, side, n, q, k, 1, al, half, acc);           \
+    else fgstats_tree_ps(dy, x, NULL, n, q, k, 0, al, half, acc)
     CFBN_ACT_SPECIALIZE(p->act, FGSTATS_RUN)
 #undef FGSTATS_RUN
-    acc[0] = hsum_pd(_mm256_add_pd(_mm256_add_pd(e.s1lo, e.s1hi), _mm256_add_pd(o.s1lo, o.s1hi)));
-    acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(e.s2lo, e.s2hi), _mm256_add_pd(o.s2lo, o.s2hi)));
+    if (n >= 128 && run_needs_double(acc, n, p)) fgstats_column_pd(dy, x, n, 1, 0, p, 0, acc, acc + 1, half);
 }
 
 INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
@@ -1443,6 +1548,14 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
     if (w <= 0) return;
     const void *side = p->side;
     const __m256 al = _mm256_set1_ps(p->act_alpha);
+    if (w % 8 == 0 && w > 16) {
+#define FGSTATS_ROWS8(k)                                                                \
+    if (side) fgstats_rows8_ps(dy, x, side, rows, w, p, k, 1, al, half, acc);           \
+    else fgstats_rows8_ps(dy, x, NULL, rows, w, p, k, 0, al, half, acc)
+        CFBN_ACT_SPECIALIZE(p->act, FGSTATS_ROWS8)
+#undef FGSTATS_ROWS8
+        return;
+    }
     if (16 % w == 0) {
         __m256 q[8];
         double s1[16], s2[16];
