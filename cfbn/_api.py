@@ -62,12 +62,11 @@ def fused_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4
     (all on one device) run on that GPU and give CuPy arrays; `n_threads` is
     then checked but has no effect.
     """
-    if activation is None and alpha is None and side_input is None:
-        result = _kernels.fast_forward(x, scale, offset, mean, variance, epsilon,
-                                       exponential_avg_factor, data_format, is_training,
-                                       n_threads, out)
-        if result is not None:
-            return result
+    result = _kernels.fast_forward(x, scale, offset, mean, variance, epsilon,
+                                   exponential_avg_factor, data_format, is_training, n_threads,
+                                   out, activation, alpha, side_input)
+    if result is not None:
+        return result
     return _forward(x, scale, offset, mean, variance, epsilon, exponential_avg_factor,
                     data_format, is_training, n_threads, out, activation, alpha, side_input)
 
@@ -158,11 +157,11 @@ def fused_batch_norm_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2
     -----
     CuPy arrays (all on one device) run on that GPU and give CuPy arrays.
     """
-    if activation is None and side_input is None and alpha is None:
-        result = _kernels.fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2,
-                                        epsilon, data_format, is_training, n_threads, out)
-        if result is not None:
-            return result
+    result = _kernels.fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2,
+                                    epsilon, data_format, is_training, n_threads, out, offset,
+                                    activation, alpha, side_input)
+    if result is not None:
+        return result
     return _backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon,
                      data_format, is_training, n_threads, out, offset, activation, alpha,
                      side_input)

@@ -482,22 +482,56 @@ cdef tuple _GRAD_FIELDS = ()
 # Per output, a bit per input that it may be exactly (an in-place update).
 cdef tuple _FORWARD_IN_PLACE = ()
 cdef tuple _GRAD_IN_PLACE = ()
+cdef dict _ACTIVATIONS = {}
+cdef object _grad_side_result = None
+cdef tuple _GRAD_SIDE_FIELDS = ()
 
 
-def set_fast_path_rules(forward, grad, layouts, channels_first, forward_in_place,
-                        grad_in_place):
+def set_fast_path_rules(forward, grad, grad_side, layouts, channels_first, activations,
+                        forward_in_place, grad_in_place):
     """The tables the fast paths recognize the plain call by, set once by
-    cfbn._args: the result named tuples (their fields name the out= entries),
-    data_format -> (rank, channels first?), the layout code of channels
-    first, and per output field a bit mask of the inputs it may be exactly.
-    Until then they accept nothing."""
+    cfbn._args: the result named tuples (their fields name the out= entries;
+    grad_side is the gradient's with side_input_backprop), data_format ->
+    (rank, channels first?), the layout code of channels first, activation
+    name -> (code, default alpha or None), and per output field a bit mask
+    of the inputs it may be exactly (forward inputs: x, scale, offset, mean,
+    variance, side_input; gradient: y_backprop, x, scale, reserve_space_1,
+    reserve_space_2, offset, side_input).  Until then they accept nothing."""
     global _forward_result, _grad_result, _FORWARD_FIELDS, _GRAD_FIELDS
-    global _FORWARD_IN_PLACE, _GRAD_IN_PLACE, _LAYOUT_CODES
+    global _FORWARD_IN_PLACE, _GRAD_IN_PLACE, _LAYOUT_CODES, _ACTIVATIONS
+    global _grad_side_result, _GRAD_SIDE_FIELDS
     _LAYOUT_CODES = {name: (rank, channels_first if first else 0)
                      for name, (rank, first) in layouts.items()}
-    _forward_result, _grad_result = forward, grad
+    _ACTIVATIONS = {name: entry for name, entry in activations.items() if name is not None}
+    _forward_result, _grad_result, _grad_side_result = forward, grad, grad_side
     _FORWARD_FIELDS, _GRAD_FIELDS = tuple(forward._fields), tuple(grad._fields)
+    _GRAD_SIDE_FIELDS = tuple(grad_side._fields)
     _FORWARD_IN_PLACE, _GRAD_IN_PLACE = tuple(forward_in_place), tuple(grad_in_place)
+
+
+cdef inline int _plain_activation(object activation, object alpha, double *act_alpha) except -2:
+    """The activation code of a plain activation= / alpha= pair (alpha a
+    finite float where the activation takes one), 0 for none, or -1 for
+    anything the validator must look at."""
+    act_alpha[0] = 0.0
+    if activation is None:
+        return 0 if alpha is None else -1
+    if type(activation) is not str:
+        return -1
+    entry = _ACTIVATIONS.get(activation)
+    if entry is None:
+        return -1
+    code, default = entry
+    if default is None:
+        if alpha is not None:
+            return -1
+    elif alpha is None:
+        act_alpha[0] = default
+    elif type(alpha) is float and -float("inf") < <double>alpha < float("inf"):
+        act_alpha[0] = alpha
+    else:
+        return -1
+    return code
 
 
 cdef inline int _kind(object a) except -2:
@@ -656,12 +690,21 @@ cdef bint _outputs_clash(tuple given, tuple inputs, tuple in_place):
 
 
 def fast_forward(x, scale, offset, mean, variance, epsilon, exponential_avg_factor,
-                 data_format, is_training, n_threads, out=None):
-    """fused_batch_norm for the plain case, or None for any other call."""
+                 data_format, is_training, n_threads, out=None, activation=None, alpha=None,
+                 side_input=None):
+    """fused_batch_norm for the plain case (a fused activation and side
+    input included), or None for any other call."""
     if _forward_result is None:
         return None
     cdef int dt = _kind(x)
     if dt < 0 or type(epsilon) is not float or type(exponential_avg_factor) is not float:
+        return None
+    cdef double act_alpha
+    cdef int act = _plain_activation(activation, alpha, &act_alpha)
+    if act < 0:
+        return None
+    if side_input is not None and (_kind(side_input) != dt or not cnp.PyArray_SAMESHAPE(
+            <cnp.ndarray>x, <cnp.ndarray>side_input)):
         return None
     if is_training is not True and is_training is not False:
         return None
@@ -700,9 +743,10 @@ def fast_forward(x, scale, offset, mean, variance, epsilon, exponential_avg_fact
     for v in (bm, bv, sm, sv):
         if v is not None and not _plain_out_vec(v, channels, vtype):
             return None
-    if out is not None and _outputs_clash(given, (x, scale, offset, mean, variance),
+    if out is not None and _outputs_clash(given, (x, scale, offset, mean, variance, side_input),
                                           _FORWARD_IN_PLACE):
         return None
+    fusion = (act, act_alpha, side_input, None, None) if act or side_input is not None else None
     if bm is None:
         bm = _empty_like_vec(channels, vtype)
     if bv is None:
@@ -714,20 +758,29 @@ def fast_forward(x, scale, offset, mean, variance, epsilon, exponential_avg_fact
     if training:
         forward_training(dt, layout, outer, channels, inner, nt, x, scale, offset,
                          mean if need_stats else None, variance if need_stats else None,
-                         eps, factor, y, bm, bv, sm, sv)
+                         eps, factor, y, bm, bv, sm, sv, fusion)
     else:
         forward_inference(dt, layout, outer, channels, inner, nt, x, scale, offset, mean,
-                          variance, eps, y, bm, bv, sm, sv)
+                          variance, eps, y, bm, bv, sm, sv, fusion)
     return _forward_result(y, bm, bv, sm, sv)
 
 
 def fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon,
-                  data_format, is_training, n_threads, out=None):
-    """fused_batch_norm_grad for the plain case, or None for any other call."""
+                  data_format, is_training, n_threads, out=None, offset=None, activation=None,
+                  alpha=None, side_input=None):
+    """fused_batch_norm_grad for the plain case (a fused activation and side
+    input included), or None for any other call."""
     if _grad_result is None:
         return None
     cdef int dt = _kind(x)
     if dt < 0 or _kind(y_backprop) != dt or type(epsilon) is not float:
+        return None
+    cdef double act_alpha
+    cdef int act = _plain_activation(activation, alpha, &act_alpha)
+    if act < 0 or (act and offset is None):
+        return None
+    if side_input is not None and (_kind(side_input) != dt or not cnp.PyArray_SAMESHAPE(
+            <cnp.ndarray>x, <cnp.ndarray>side_input)):
         return None
     if is_training is not True and is_training is not False:
         return None
@@ -749,11 +802,20 @@ def fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilo
     if not (_plain_vector(scale, vtype, channels) and _plain_vector(reserve_space_1, vtype, channels)
             and _plain_vector(reserve_space_2, vtype, channels)):
         return None
-    given = _given_outputs(out, _GRAD_FIELDS)
+    if offset is not None and not _plain_vector(offset, vtype, channels):
+        return None
+    cdef bint with_side = side_input is not None
+    given = _given_outputs(out, _GRAD_SIDE_FIELDS if with_side else _GRAD_FIELDS)
     if given is None:
         return None
     given = tuple(given)
-    dx, dscale, doffset = given
+    dx, dscale, doffset = given[:3]
+    side_grad = given[3] if with_side else None
+    if with_side:
+        if side_grad is None:
+            side_grad = _empty_output(xa)
+        elif not _plain_out(side_grad, xa, cnp.PyArray_TYPE(xa)):
+            return None
     if dx is None:
         dx = _empty_output(xa)
     elif not _plain_out(dx, xa, cnp.PyArray_TYPE(xa)):
@@ -762,12 +824,18 @@ def fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilo
         if v is not None and not _plain_out_vec(v, channels, vtype):
             return None
     if out is not None and _outputs_clash(
-            given, (y_backprop, x, scale, reserve_space_1, reserve_space_2), _GRAD_IN_PLACE):
+            given, (y_backprop, x, scale, reserve_space_1, reserve_space_2, offset, side_input),
+            _GRAD_IN_PLACE):
         return None
     if dscale is None:
         dscale = _empty_like_vec(channels, vtype)
     if doffset is None:
         doffset = _empty_like_vec(channels, vtype)
+    fusion = None
+    if act or with_side:
+        fusion = (act, act_alpha, side_input, offset, side_grad)
     backward(dt, layout, outer, channels, inner, nt, is_training, y_backprop, x, scale,
-             reserve_space_1, reserve_space_2, eps, dx, dscale, doffset)
+             reserve_space_1, reserve_space_2, eps, dx, dscale, doffset, fusion)
+    if with_side:
+        return _grad_side_result(dx, dscale, doffset, side_grad)
     return _grad_result(dx, dscale, doffset)

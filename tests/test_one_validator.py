@@ -93,6 +93,15 @@ BAD_FORWARD = {
     "activation unknown": dict(activation="gelu"),
     "alpha without activation": dict(alpha=0.1),
     "side_input shape": dict(activation="relu", side_input=np.zeros((2, 3, 3, C + 1), F32)),
+    "side_input dtype": dict(side_input=np.zeros((2, 3, 3, C), np.float64)),
+    "side_input list": dict(activation="relu", side_input=[[0.0]]),
+    "activation int": dict(activation=1),
+    "activation unhashable": dict(activation=["relu"]),
+    "alpha for relu": dict(activation="relu", alpha=0.1),
+    "alpha nan": dict(activation="leaky_relu", alpha=float("nan")),
+    "alpha inf": dict(activation="elu", alpha=float("inf")),
+    "alpha str": dict(activation="elu", alpha="1"),
+    "out y is side_input shifted": "y_overlaps_side",
 }
 
 
@@ -105,6 +114,13 @@ def _bad_forward(case):
         args = _forward_call()
         args["out"] = {"y": args["scale"]}
         return args
+    if spec == "y_overlaps_side":
+        # y and side_input share memory one element apart: only the very
+        # same array may be written in place
+        buf = np.zeros(2 * 3 * 3 * C + 1, F32)
+        side = buf[1:].reshape(2, 3, 3, C)
+        return _forward_call(activation="relu", side_input=side,
+                             out={"y": buf[:-1].reshape(2, 3, 3, C)})
     args = _forward_call(**spec)
     out = args["out"]
     if case == "out y read-only":
@@ -138,17 +154,23 @@ def _validator_forward(a):
 def _fast_forward(a):
     return _kernels.fast_forward(a["x"], a["scale"], a["offset"], a["mean"], a["variance"],
                                  a["epsilon"], a["exponential_avg_factor"], a["data_format"],
-                                 a["is_training"], a["n_threads"], a["out"])
+                                 a["is_training"], a["n_threads"], a["out"], a["activation"],
+                                 a["alpha"], a["side_input"])
+
+
+def _fast_grad(a):
+    return _kernels.fast_backward(a["y_backprop"], a["x"], a["scale"], a["reserve_space_1"],
+                                  a["reserve_space_2"], a["epsilon"], a["data_format"],
+                                  a["is_training"], a["n_threads"], a["out"], a["offset"],
+                                  a["activation"], a["alpha"], a["side_input"])
 
 
 @pytest.mark.parametrize("case", sorted(BAD_FORWARD))
 def test_forward_errors_are_the_validators(case):
     public = _raised(_public_forward, _bad_forward(case))
     assert public == _raised(_validator_forward, _bad_forward(case))
-    a = _bad_forward(case)
-    if a["activation"] is None and a["alpha"] is None and a["side_input"] is None:
-        # The fast path declines; it neither raises nor runs a call the validator refuses.
-        assert _fast_forward(a) is None
+    # The fast path declines; it neither raises nor runs a call the validator refuses.
+    assert _fast_forward(_bad_forward(case)) is None
 
 
 def _grad_call(**kw):
@@ -186,6 +208,13 @@ BAD_GRAD = {
     "out dx is scale": "dx_is_scale",
     "activation without offset": dict(activation="relu"),
     "alpha for relu": dict(activation="relu", offset=_v(), alpha=0.2),
+    "alpha nan": dict(activation="leaky_relu", offset=_v(), alpha=float("nan")),
+    "activation unknown": dict(activation="swish", offset=_v()),
+    "offset length": dict(activation="relu", offset=_v(C + 1)),
+    "side_input shape": dict(side_input=np.zeros((2, 3, 3, C + 1), F32)),
+    "side_input dtype": dict(activation="relu", offset=_v(), side_input=np.zeros((2, 3, 3, C),
+                                                                               np.float16)),
+    "out side_input_backprop is dy": "sg_is_dy_shifted",
 }
 
 
@@ -195,6 +224,11 @@ def _bad_grad(case):
         args = _grad_call()
         args["out"] = {"x_backprop": args["scale"]}
         return args
+    if spec == "sg_is_dy_shifted":
+        buf = np.zeros(2 * 3 * 3 * C + 1, F32)
+        buf[1:] = _x().ravel()
+        return _grad_call(y_backprop=buf[1:].reshape(2, 3, 3, C), side_input=_x(),
+                          out={"side_input_backprop": buf[:-1].reshape(2, 3, 3, C)})
     return _grad_call(**spec)
 
 
@@ -218,11 +252,7 @@ def _validator_grad(a):
 def test_grad_errors_are_the_validators(case):
     public = _raised(_public_grad, _bad_grad(case))
     assert public == _raised(_validator_grad, _bad_grad(case))
-    a = _bad_grad(case)
-    if a["activation"] is None and a["alpha"] is None and a["side_input"] is None:
-        assert _kernels.fast_backward(a["y_backprop"], a["x"], a["scale"], a["reserve_space_1"],
-                                      a["reserve_space_2"], a["epsilon"], a["data_format"],
-                                      a["is_training"], a["n_threads"], a["out"]) is None
+    assert _fast_grad(_bad_grad(case)) is None
 
 
 GOOD_FORWARD = {
@@ -235,15 +265,31 @@ GOOD_FORWARD = {
     "float16": dict(x=_x(np.float16)),
     "out y": dict(out={"y": np.empty((2, 3, 3, C), F32)}),
     "n_threads 1": dict(n_threads=1),
+    "relu": dict(activation="relu"),
+    "leaky_relu alpha": dict(activation="leaky_relu", alpha=0.3),
+    "elu default alpha": dict(activation="elu", is_training=False, mean=_v(fill=0.5),
+                              variance=_v(fill=2.0)),
+    "add relu": dict(activation="relu", side_input=_x() * 0.25),
+    "add only, y is side_input": "y_is_side",
+    "silu float16 NCHW": dict(x=_x(np.float16, (2, C, 3, 3)), activation="silu",
+                              side_input=_x(np.float16, (2, C, 3, 3)), data_format="NCHW"),
 }
+
+
+def _good_forward(case):
+    spec = GOOD_FORWARD[case]
+    if spec == "y_is_side":
+        side = _x() * 0.5
+        return _forward_call(side_input=side, out={"y": side})
+    return _forward_call(**spec)
 
 
 @pytest.mark.parametrize("case", sorted(GOOD_FORWARD))
 def test_fast_path_result_is_the_validators(case):
-    a = _forward_call(**GOOD_FORWARD[case])
+    a = _good_forward(case)
     fast = _fast_forward(a)
     assert fast is not None, "the plain call should take the fast path"
-    a = _forward_call(**GOOD_FORWARD[case])
+    a = _good_forward(case)
     slow = _validator_forward(a)
     assert type(fast) is type(slow)
     for f, s in zip(fast, slow):
@@ -252,10 +298,11 @@ def test_fast_path_result_is_the_validators(case):
     dy = _x(a["x"].dtype, a["x"].shape)
     g = _grad_call(y_backprop=dy, x=a["x"], scale=a["scale"], reserve_space_1=slow[3],
                    reserve_space_2=slow[4], data_format=a["data_format"],
-                   is_training=a["is_training"])
-    gfast = _kernels.fast_backward(g["y_backprop"], g["x"], g["scale"], g["reserve_space_1"],
-                                   g["reserve_space_2"], g["epsilon"], g["data_format"],
-                                   g["is_training"], g["n_threads"], g["out"])
+                   is_training=a["is_training"], activation=a["activation"], alpha=a["alpha"],
+                   offset=a["offset"] if a["activation"] else None,
+                   side_input=None if a["side_input"] is None else a["side_input"].copy())
+    gfast = _fast_grad(g)
     assert gfast is not None
+    assert type(gfast) is type(_validator_grad(g))
     for f, s in zip(gfast, _validator_grad(g)):
         np.testing.assert_array_equal(f, s)
