@@ -58,12 +58,13 @@ enum cfbn_activation {
 
 /* Per-channel (or per-column) parameters of the normalization pass:
  *   y = act(((x - mhi) - mlo) * alpha + beta + side)
- * stream: a hint that the output is far larger than the caches, so a kernel
- * may write it with non-temporal stores; results are the same either way.
+ * stream: a hint that the output is far larger than the caches, so it may
+ * be written with non-temporal stores; results are the same either way.
  * act, act_alpha: the fused activation (CFBN_ACT_NONE: identity).
  * side: NULL, or a side input added before the activation, in x's type and
  * at x's offset for this call (f16 tensors: uint16_t).  With act NONE and side
- * NULL the kernels run exactly the plain normalization. */
+ * NULL a call is the plain normalization; the router (bn_route.c) reads
+ * these fields to pick a table entry, and the plain entries ignore them. */
 typedef struct {
     const float *mhi, *mlo, *alpha, *beta;
     int stream;
@@ -81,7 +82,8 @@ typedef struct {
     int64_t runs, stride;   /* run kernels: see below */
 } cfbn_apply_f64;
 
-/* Parameters of the gradient passes, with g = dy * act'(pre) and
+/* Parameters of the gradient passes (read by the router as the apply ones),
+ * with g = dy * act'(pre) and
  * pre = ((x - mhi) - mlo) * ya + yb + side (the forward's pre-activation,
  * recomputed; g = dy when act is NONE):
  *   gstats: sum(g), sum(g * ((x - mhi) - mlo))        (a, b, c unused)
