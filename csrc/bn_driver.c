@@ -187,10 +187,10 @@ static void make_plan(const cfbn_shape *s, plan *p)
 
 /* Whether a channels-first training pass that reads `tensors` tensors goes
  * one task per channel, its sums then its output (bn_route.h). */
-static int per_channel(const plan *p, int tensors)
+static int per_channel(const plan *p, int tensors, int side)
 {
     if (p->layout != CFBN_CHANNELS_FIRST) return 0;
-    return cfbn_route_per_channel(p->G, p->planes, p->n * (int64_t)elem_size(p->dtype) * tensors, p->C);
+    return cfbn_route_per_channel(p->G, p->planes, p->n * (int64_t)elem_size(p->dtype) * tensors, p->C, side);
 }
 
 /* Channels-first: the piece g of channel c covers the channel's elements
@@ -783,7 +783,7 @@ int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
     pass st = { k, &p, &pp, PASS_STATS, x, NULL, NULL, NULL, NULL };
     pass ap = { k, &p, &pp, PASS_APPLY, x, NULL, y, fusion ? fusion->side : NULL, NULL };
 
-    if (per_channel(&p, 1)) {
+    if (per_channel(&p, 1, fusion && fusion->side)) {
         /* One task per channel: its statistics, then its normalization while
          * the channel's planes are still in this core's cache. */
         fused_fwd ctx = { &st, &ap, &a, &pp, shift };
@@ -976,7 +976,7 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
     const void *side = fusion ? fusion->side : NULL;
     pass gs = { k, &p, &pp, PASS_GSTATS, dy, x, NULL, side, NULL };
     pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx, side, fusion ? fusion->side_grad : NULL };
-    if (dx && a->training && per_channel(&p, 2)) {
+    if (dx && a->training && per_channel(&p, 2, fusion && fusion->side)) {
         /* One task per channel: sums, then dx while dy and x are in cache. */
         fused_bwd ctx = { &gs, &ga, a, &pp };
         parallel_for(nt, p.C, fused_backward_task, &ctx);

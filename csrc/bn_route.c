@@ -4,6 +4,7 @@
 
 #include "bn_act.h"
 #include "bn_route.h"
+#include "bn_runs.h"
 #include "half.h"
 
 /* ---- pass policy ---- */
@@ -43,6 +44,12 @@
  * while they got 38.  On (32,64,56,56), whose 51 MB of dy and x still mostly
  * hit a 32 MB L3, the gradient went 1.4 -> 2.1 ms: hence the 128 MB floor. */
 #define CHANNEL_PASS_MIN_BYTES ((int64_t)128 << 20)
+/* Small planes with a side input go pass by pass instead, the elementwise
+ * pass in memory order: a channel's planes of side, C*S elements apart (often
+ * a multiple of the page size), would compete for the few cache sets that
+ * hold the channel's planes of x.  Measured on (32,256,14,14) float32, one
+ * thread: relu with a side input, training forward 1590 us channel by
+ * channel, 785 us pass by pass (the plain call: 559 us). */
 #define CHANNEL_PASS_MAX_SLICE ((int64_t)8 << 20)
 
 int cfbn_route_stream(int64_t bytes, int grad)
@@ -60,10 +67,10 @@ int cfbn_route_flat(int64_t S)
     return S >= FLAT_MIN_PLANE;
 }
 
-int cfbn_route_per_channel(int64_t pieces, int planes, int64_t slice, int64_t C)
+int cfbn_route_per_channel(int64_t pieces, int planes, int64_t slice, int64_t C, int side)
 {
     if (pieces != 1) return 0;
-    if (!planes) return 1;
+    if (!planes) return !side;
     return slice <= CHANNEL_PASS_MAX_SLICE && slice * C >= CHANNEL_PASS_MIN_BYTES;
 }
 
@@ -381,6 +388,16 @@ static void fallback_gapply_f64(const cfbn_double_kernels *o, const double *dy, 
     }
 }
 
+/* A call split into runs (a channel-first channel, one call per plane)
+ * first asks for what follows each run of the tensors it reads, as the
+ * *_runs entries do (bn_runs.h): the next channel's plane, which the same
+ * thread usually reads next.  Prefetches only; results are unchanged. */
+static void prefetch_run_inputs(const void *a, const void *b, int64_t bytes)
+{
+    if (a) prefetch_next_run(a, bytes);
+    if (b) prefetch_next_run(b, bytes);
+}
+
 /* ---- routing ----
  * Each call: several runs go to the *_runs entry when there is one and the
  * call is plain with regular stores, else one routed call per run; one run
@@ -407,6 +424,7 @@ void cfbn_route_apply_f32(const cfbn_kernels *k, int dtype, const void *x, void 
         q.runs = 1;
         for (int64_t r = 0; r < p->runs; r++) {
             q.side = at(p->side, r * p->stride, es);
+            prefetch_run_inputs(at(x, r * p->stride, es), q.side, rows * (int64_t)es);
             cfbn_route_apply_f32(k, dtype, at(x, r * p->stride, es), at_w(y, r * p->stride, es), rows, w, 1, &q);
         }
         return;
@@ -442,6 +460,8 @@ void cfbn_route_gstats_f32(const cfbn_kernels *k, int dtype, const void *dy, con
         double s1 = 0.0, s2 = 0.0, part[2];
         for (int64_t r = 0; r < p->runs; r++) {
             q.side = at(p->side, r * p->stride, es);
+            prefetch_run_inputs(at(dy, r * p->stride, es), at(x, r * p->stride, es), rows * (int64_t)es);
+            if (q.side) prefetch_next_run(q.side, rows * (int64_t)es);
             cfbn_route_gstats_f32(k, dtype, at(dy, r * p->stride, es), at(x, r * p->stride, es), rows, w, 1, &q,
                                   part);
             s1 += part[0];
@@ -477,6 +497,8 @@ void cfbn_route_gapply_f32(const cfbn_kernels *k, int dtype, const void *dy, con
         for (int64_t r = 0; r < p->runs; r++) {
             q.side = at(p->side, r * p->stride, es);
             q.side_grad = at_w(p->side_grad, r * p->stride, es);
+            prefetch_run_inputs(at(dy, r * p->stride, es), at(x, r * p->stride, es), rows * (int64_t)es);
+            if (q.side) prefetch_next_run(q.side, rows * (int64_t)es);
             cfbn_route_gapply_f32(k, dtype, at(dy, r * p->stride, es), at(x, r * p->stride, es),
                                   at_w(dx, r * p->stride, es), rows, w, 1, &q);
         }
