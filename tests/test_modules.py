@@ -59,7 +59,7 @@ def _imports(name):
                 # attribute of the package itself.
                 for a in node.names:
                     sub = package + "." + a.name
-                    found.add(sub if _source(sub) is not None else package)
+                    found.add(sub if sub in _modules() else package)
             else:
                 found.add(base)
     found.discard(name)
