@@ -963,48 +963,51 @@ INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows
     }
 }
 
-/* ---- float32 with non-temporal stores ----
+/* ---- non-temporal stores (f32, f16, bf16 storage) ----
  * For outputs far larger than the caches: a streaming store writes the line
  * without reading it first (no read-for-ownership), a third of a pass's
  * memory traffic.  16-byte stores, because large NumPy buffers are only
- * 16-byte aligned; the sfence orders them before the caller's barrier. */
+ * 16-byte aligned (8 halfwords, or 4 floats twice); the sfence orders them
+ * before the caller's barrier. */
 
-INLINE void st8_nt(float *p, __m256 v)
+INLINE void st8_nt(void *p, int64_t i, __m256 v, int dt)
 {
-    _mm_stream_ps(p, _mm256_castps256_ps128(v));
-    _mm_stream_ps(p + 4, _mm256_extractf128_ps(v, 1));
+    if (dt) {
+        _mm_stream_si128((__m128i *)((uint16_t *)p + i), narrow_ph(v, dt));
+        return;
+    }
+    float *q = (float *)p + i;
+    _mm_stream_ps(q, _mm256_castps256_ps128(v));
+    _mm_stream_ps(q + 4, _mm256_extractf128_ps(v, 1));
 }
 
-/* elements before p reaches 16-byte alignment (p is float-aligned) */
-INLINE int64_t peel16(const float *p, int64_t n)
+/* elements before p reaches 16-byte alignment (p is element-aligned) */
+INLINE int64_t peel16(const void *p, int64_t n, int dt)
 {
-    int64_t k = (int64_t)((16 - ((uintptr_t)p & 15)) & 15) / 4;
+    int64_t k = (int64_t)((16 - ((uintptr_t)p & 15)) & 15) / (dt ? 2 : 4);
     return k < n ? k : n;
 }
 
-static void apply_run_f32_nt(const void *x_, void *y_, int64_t n, const cfbn_apply_f32 *p)
+INLINE void apply_run_nt_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
 {
-    const float *x = x_;
-    float *y = y_;
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]);
-    int64_t i = peel16(y, n);
-    if (i) st_part(y, 0, apply_ps(ld_part(x, 0, i, n, 0), m, l, a, b), i, 0);
+    int64_t i = peel16(y, n, dt);
+    if (i) st_part(y, 0, apply_ps(ld_part(x, 0, i, n, dt), m, l, a, b), i, dt);
     for (; i + 16 <= n; i += 16) {
-        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
-        st8_nt(y + i, apply_ps(v0, m, l, a, b));
-        st8_nt(y + i + 8, apply_ps(v1, m, l, a, b));
+        __m256 v0 = ld8(x, i, dt), v1 = ld8(x, i + 8, dt);
+        st8_nt(y, i, apply_ps(v0, m, l, a, b), dt);
+        st8_nt(y, i + 8, apply_ps(v1, m, l, a, b), dt);
     }
-    for (; i + 8 <= n; i += 8) st8_nt(y + i, apply_ps(_mm256_loadu_ps(x + i), m, l, a, b));
-    if (i < n) st_part(y, i, apply_ps(ld_part(x, i, n - i, n - i, 0), m, l, a, b), n - i, 0);
+    for (; i + 8 <= n; i += 8) st8_nt(y, i, apply_ps(ld8(x, i, dt), m, l, a, b), dt);
+    if (i < n) st_part(y, i, apply_ps(ld_part(x, i, n - i, n - i, dt), m, l, a, b), n - i, dt);
     _mm_sfence();
 }
 
-/* rows of w (a multiple of 4) starting 16-byte aligned */
-static void apply_rows_f32_nt(const void *x_, void *y_, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+/* rows of w starting 16-byte aligned, w a multiple of 16 bytes
+ * (rows_stream_ok in bn_route.c) */
+INLINE void apply_rows_nt_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
 {
-    const float *x = x_;
-    float *y = y_;
     const int64_t full = w & ~(int64_t)7, cnt = w - full;
     __m256 tm = _mm256_setzero_ps(), tl = tm, ta = tm, tb = tm;
     if (cnt) {
@@ -1015,41 +1018,34 @@ static void apply_rows_f32_nt(const void *x_, void *y_, int64_t rows, int64_t w,
         tb = _mm256_maskload_ps(p->beta + full, mk);
     }
     for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * w;
-        float *yr = y + r * w;
+        const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 8) {
-            st8_nt(yr + j, apply_ps(_mm256_loadu_ps(xr + j), _mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j),
-                                    _mm256_loadu_ps(p->alpha + j), _mm256_loadu_ps(p->beta + j)));
+            st8_nt(y, o + j, apply_ps(ld8(x, o + j, dt), _mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j),
+                                      _mm256_loadu_ps(p->alpha + j), _mm256_loadu_ps(p->beta + j)), dt);
         }
-        if (cnt) st_part(yr, full, apply_ps(_mm256_maskload_ps(xr + full, mask_ps(cnt)), tm, tl, ta, tb), cnt, 0);
+        if (cnt) st_part(y, o + full, apply_ps(ld_part(x, o + full, cnt, cnt, dt), tm, tl, ta, tb), cnt, dt);
     }
     _mm_sfence();
 }
 
-static void gapply_run_f32_nt(const void *dy_, const void *x_, void *dx_, int64_t n, const cfbn_grad_f32 *p)
+INLINE void gapply_run_nt_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
-    const float *dy = dy_;
-    const float *x = x_;
-    float *dx = dx_;
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
-    int64_t i = peel16(dx, n);
-    if (i) st_part(dx, 0, gapply_ps(ld_part(dy, 0, i, n, 0), ld_part(x, 0, i, n, 0), m, l, a, b, c), i, 0);
+    int64_t i = peel16(dx, n, dt);
+    if (i) st_part(dx, 0, gapply_ps(ld_part(dy, 0, i, n, dt), ld_part(x, 0, i, n, dt), m, l, a, b, c), i, dt);
     for (; i + 8 <= n; i += 8)
-        st8_nt(dx + i, gapply_ps(_mm256_loadu_ps(dy + i), _mm256_loadu_ps(x + i), m, l, a, b, c));
+        st8_nt(dx, i, gapply_ps(ld8(dy, i, dt), ld8(x, i, dt), m, l, a, b, c), dt);
     if (i < n) {
         int64_t k = n - i;
-        st_part(dx, i, gapply_ps(ld_part(dy, i, k, k, 0), ld_part(x, i, k, k, 0), m, l, a, b, c), k, 0);
+        st_part(dx, i, gapply_ps(ld_part(dy, i, k, k, dt), ld_part(x, i, k, k, dt), m, l, a, b, c), k, dt);
     }
     _mm_sfence();
 }
 
-static void gapply_rows_f32_nt(const void *dy_, const void *x_, void *dx_, int64_t rows, int64_t w,
-                               const cfbn_grad_f32 *p)
+INLINE void gapply_rows_nt_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
+                              const cfbn_grad_f32 *p, int dt)
 {
-    const float *dy = dy_;
-    const float *x = x_;
-    float *dx = dx_;
     const int64_t full = w & ~(int64_t)7, cnt = w - full;
     __m256 tm = _mm256_setzero_ps(), tl = tm, ta = tm, tb = tm, tc = tm;
     if (cnt) {
@@ -1061,21 +1057,46 @@ static void gapply_rows_f32_nt(const void *dy_, const void *x_, void *dx_, int64
         tc = _mm256_maskload_ps(p->c + full, mk);
     }
     for (int64_t r = 0; r < rows; r++) {
-        const float *dr = dy + r * w, *xr = x + r * w;
-        float *o = dx + r * w;
+        const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 8) {
-            st8_nt(o + j, gapply_ps(_mm256_loadu_ps(dr + j), _mm256_loadu_ps(xr + j), _mm256_loadu_ps(p->mhi + j),
-                                    _mm256_loadu_ps(p->mlo + j), _mm256_loadu_ps(p->a + j), _mm256_loadu_ps(p->b + j),
-                                    _mm256_loadu_ps(p->c + j)));
+            st8_nt(dx, o + j, gapply_ps(ld8(dy, o + j, dt), ld8(x, o + j, dt), _mm256_loadu_ps(p->mhi + j),
+                                        _mm256_loadu_ps(p->mlo + j), _mm256_loadu_ps(p->a + j),
+                                        _mm256_loadu_ps(p->b + j), _mm256_loadu_ps(p->c + j)), dt);
         }
-        if (cnt) {
-            __m256i mk = mask_ps(cnt);
-            st_part(o, full, gapply_ps(_mm256_maskload_ps(dr + full, mk), _mm256_maskload_ps(xr + full, mk),
-                                       tm, tl, ta, tb, tc), cnt, 0);
-        }
+        if (cnt)
+            st_part(dx, o + full, gapply_ps(ld_part(dy, o + full, cnt, cnt, dt), ld_part(x, o + full, cnt, cnt, dt),
+                                            tm, tl, ta, tb, tc), cnt, dt);
     }
     _mm_sfence();
 }
+
+/* The streaming entries of a storage type, like bn_entries.h's. */
+#define STREAM_ENTRIES(sfx, DT)                                                                               \
+    static void apply_run_nt_##sfx(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)               \
+    {                                                                                                         \
+        apply_run_nt_ps(x, y, n, p, DT);                                                                      \
+    }                                                                                                         \
+    static void apply_rows_nt_##sfx(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p) \
+    {                                                                                                         \
+        apply_rows_nt_ps(x, y, rows, w, p, DT);                                                               \
+    }                                                                                                         \
+    static void gapply_run_nt_##sfx(const void *dy, const void *x, void *dx, int64_t n,                       \
+                                    const cfbn_grad_f32 *p)                                                   \
+    {                                                                                                         \
+        gapply_run_nt_ps(dy, x, dx, n, p, DT);                                                                \
+    }                                                                                                         \
+    static void gapply_rows_nt_##sfx(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,        \
+                                     const cfbn_grad_f32 *p)                                                  \
+    {                                                                                                         \
+        gapply_rows_nt_ps(dy, x, dx, rows, w, p, DT);                                                         \
+    }
+#define STREAM_TABLE(sfx)                                                                                     \
+    .apply_run_stream = apply_run_nt_##sfx, .apply_rows_stream = apply_rows_nt_##sfx,                         \
+    .gapply_run_stream = gapply_run_nt_##sfx, .gapply_rows_stream = gapply_rows_nt_##sfx
+
+STREAM_ENTRIES(f32, CFBN_F32)
+STREAM_ENTRIES(f16, CFBN_F16)
+STREAM_ENTRIES(bf16, CFBN_BF16)
 
 /* streaming pays only with whole aligned rows */
 INLINE int rows_stream_ok(const float *out, int64_t w)
@@ -1237,21 +1258,21 @@ INLINE void col_params_ps(const float *const *v, int k, int64_t j, __m256 *out)
     for (int i = 0; i < k; i++) out[i] = _mm256_loadu_ps(v[i] + j);
 }
 
-/* Whole vectors of fused outputs: with nt, non-temporal stores (float
- * tensors whose output is 16-byte aligned at every vector, as the plain
- * *_nt kernels write when the router asks for streaming); tails use regular
- * stores. */
+/* Whole vectors of fused outputs: with nt, non-temporal stores (outputs
+ * 16-byte aligned at every vector, as the plain *_nt kernels write when the
+ * router asks for streaming); tails use regular stores. */
 INLINE void st8_out(void *p, int64_t i, __m256 v, int dt, int nt)
 {
-    if (nt) st8_nt((float *)p + i, v);
+    if (nt) st8_nt(p, i, v, dt);
     else st8(p, i, v, dt);
 }
 
-/* Streaming for a fused call: asked for, float storage, and every vector of
- * the outputs 16-byte aligned (rows: whole rows of a multiple of 4). */
+/* Streaming for a fused call: asked for, and every vector of the outputs
+ * (8 elements from the start of the call or of a row) 16-byte aligned:
+ * rows of a multiple of 16 bytes. */
 INLINE int fused_nt(int stream, int dt, const void *out, const void *out2, int64_t w)
 {
-    return stream && !dt && ((uintptr_t)out & 15) == 0 && ((uintptr_t)out2 & 15) == 0 && (w & 3) == 0;
+    return stream && ((uintptr_t)out & 15) == 0 && ((uintptr_t)out2 & 15) == 0 && (w & (dt ? 7 : 3)) == 0;
 }
 
 /* ---- forward: y = act(pre + side) ---- */
@@ -2242,15 +2263,14 @@ const cfbn_kernels cfbn_kernels_avx2 = {
     .f32 = {
         CFBN_FLOAT_TABLE(f32),
         .apply_runs = apply_runs_f32, .gstats_runs = gstats_runs_f32, .gapply_runs = gapply_runs_f32,
-        .apply_run_stream = apply_run_f32_nt, .apply_rows_stream = apply_rows_f32_nt,
-        .gapply_run_stream = gapply_run_f32_nt, .gapply_rows_stream = gapply_rows_f32_nt,
+        STREAM_TABLE(f32),
     },
     .f64 = {
         stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
         gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
     },
-    .f16 = { CFBN_FLOAT_TABLE(f16) },
-    .bf16 = { CFBN_FLOAT_TABLE(bf16) },
+    .f16 = { CFBN_FLOAT_TABLE(f16), STREAM_TABLE(f16) },
+    .bf16 = { CFBN_FLOAT_TABLE(bf16), STREAM_TABLE(bf16) },
 };
 
 #endif
