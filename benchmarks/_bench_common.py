@@ -82,7 +82,8 @@ def make_inputs(shape_nhwc, layout, seed=0, dtype=DTYPE):
     dy = rng.standard_normal(shape, dtype=np.float32)
     x = x.astype(dtype, copy=False)
     dy = dy.astype(dtype, copy=False)
-    vdt = np.float32 if dtype == np.float16 else dtype
+    # float16 and bfloat16 tensors have float32 per-channel vectors
+    vdt = np.float32 if np.dtype(dtype).itemsize == 2 else dtype
     axes = reduce_axes(layout)
     return {
         "shape": shape_nhwc,
@@ -194,7 +195,10 @@ def torch_tensor(torch, a, layout):
     An NHWC array becomes the permuted view, i.e. a channels_last tensor, so
     torch computes on exactly the bytes cfbn reads.
     """
-    t = torch.from_numpy(a)
+    if a.dtype.name == "bfloat16":   # ml_dtypes' bfloat16: the same bits as torch's
+        t = torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(a)
     if a.ndim == 4 and layout == "NHWC":
         t = t.permute(0, 3, 1, 2)
     return t
@@ -204,7 +208,12 @@ def torch_to_numpy(t, layout):
     """A logical NCHW torch result back in `layout` as a NumPy array."""
     if t.dim() == 4 and layout == "NHWC":
         t = t.permute(0, 2, 3, 1)
-    return t.contiguous().numpy()
+    t = t.contiguous()
+    if str(t.dtype) == "torch.bfloat16":
+        import ml_dtypes
+        import torch
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
 
 
 def torch_args(torch, d):

@@ -17,7 +17,13 @@ Prints a markdown report:
 * the large tensor (64,112,112,64) at 2 threads: effective bandwidth of the
   three ops as a fraction of the copy bandwidth timed interleaved with
   each row's calls (np.copyto, and torch's copy_ at 2 threads);
-* the per-call overhead on (1,8,8,16).
+* the per-call overhead on (1,8,8,16);
+* bfloat16 (ml_dtypes.bfloat16, float32 per-channel vectors): training
+  forward and gradient of every target shape and the large tensor, both
+  layouts, 2 threads, with cfbn's float32 and PyTorch's bfloat16 (mixed
+  type: float32 weight and statistics, as ``torch.autocast`` keeps them)
+  timed alongside: cfbn's speed-up over its own float32 and its ratio to
+  PyTorch.
 
 Method: cfbn and PyTorch run in this one process on the same NumPy memory
 (torch.from_numpy; NHWC is the channels_last view), alternately: each repeat
@@ -51,6 +57,10 @@ TARGET_OVERHEAD_US = 3.0
 #: Largest normalized difference between cfbn's and PyTorch's outputs
 #: (max |a - b| / max |b|) accepted as the same computation in float32.
 CHECK_TOLERANCE = 2e-4
+#: ... and with bfloat16 tensors: a few of bfloat16's 2^-8 rounding units.
+CHECK_TOLERANCE_2BYTE = 2e-2
+#: bfloat16 against cfbn's float32 on the large tensor: at least this speed-up.
+TARGET_BF16_SPEEDUP = 1.6
 
 
 def log(msg):
@@ -195,15 +205,15 @@ def check_cell(torch, op, d, threads):
                       ("batch mean", r.reserve_space_1, p[1].numpy()),
                       ("batch inverse std", invstd, p[2].numpy())]
     worst = 0.0
+    tolerance = CHECK_TOLERANCE if d["x"].dtype.itemsize >= 4 else CHECK_TOLERANCE_2BYTE
     for name, a, b in pairs:
         e = _err(a, b)
         worst = max(worst, e)
-        if not e <= CHECK_TOLERANCE:
+        if not e <= tolerance:
             raise SystemExit(
                 "compare.py: cfbn and PyTorch disagree on %s %s %s threads=%d, %s: normalized "
                 "max difference %.3g > %.3g; timing them would compare different computations"
-                % (bc.OPS[op], layout, bc.shape_str(d["shape"]), threads, name, e,
-                   CHECK_TOLERANCE))
+                % (bc.OPS[op], layout, bc.shape_str(d["shape"]), threads, name, e, tolerance))
     return worst
 
 
@@ -408,6 +418,89 @@ def overhead_section(args, torch):
     return rows
 
 
+def bf16_section(args, torch):
+    """bfloat16 training forward and gradient, 2 threads: cfbn bfloat16, cfbn
+    float32 and PyTorch bfloat16 timed interleaved on the same values."""
+    import ml_dtypes
+
+    threads = 2
+    shapes = [s for s in bc.SHAPES if not args.shapes or bc.shape_str(s) in args.shapes]
+    if not args.no_large:
+        shapes.append(bc.LARGE_SHAPE)
+    rows = []
+    for shape in shapes:
+        for layout in bc.LAYOUTS:
+            d16 = bc.make_inputs(shape, layout, dtype=ml_dtypes.bfloat16)
+            d32 = bc.make_inputs(shape, layout)
+            for op in ("train", "grad"):
+                fns = [bc.cfbn_call(op, d16, threads), bc.cfbn_call(op, d32, threads)]
+                check = None
+                prev = None
+                if torch is not None:
+                    check = check_cell(torch, op, d16, threads)
+                    fns.append(bc.torch_call(torch, op, bc.torch_args(torch, d16)))
+                    prev = torch.get_num_threads()
+                    torch.set_num_threads(threads)
+                try:
+                    samples, load = args.retry.measure(fns, args.repeats, args.min_batch)
+                finally:
+                    if prev is not None:
+                        torch.set_num_threads(prev)
+                row = {"shape": shape, "layout": layout, "op": op, "bf16": median(samples[0]),
+                       "f32": median(samples[1]), "check": check, "load": load,
+                       "large": shape == bc.LARGE_SHAPE,
+                       "speedup": median([b / a for a, b in zip(samples[0], samples[1])]),
+                       "gbps": bc.gbps(op, d16["x"].nbytes, median(samples[0]))}
+                if torch is not None:
+                    row["torch"] = median(samples[2])
+                    row["ratio"] = median([a / b for a, b in zip(samples[0], samples[2])])
+                rows.append(row)
+                log("bfloat16 %s %s %s: cfbn %s us, float32 %s us (x%.2f)%s; others' load %s" % (
+                    bc.shape_str(shape), layout, op, fmt_us(row["bf16"]), fmt_us(row["f32"]),
+                    row["speedup"], "" if torch is None else ", torch %s us, ratio %.3f"
+                    % (fmt_us(row["torch"]), row["ratio"]), fmt_load(load)))
+            del d16, d32
+    return rows
+
+
+def bf16_report(w, rows, torch, summary):
+    w("")
+    w("### bfloat16, 2 threads")
+    w("")
+    w("cfbn's bfloat16 beside its float32 on the same values, and PyTorch's bfloat16 batch norm "
+      "(float32 weight and statistics); speed-up = cfbn float32 time / cfbn bfloat16 time, "
+      "GB/s = minimal bytes of the bfloat16 tensors / time.")
+    w("")
+    head = "| shape | layout | op | cfbn bf16 µs | cfbn f32 µs | speed-up | bf16 GB/s |"
+    sep = "|---|---|---|--:|--:|--:|--:|"
+    if torch is not None:
+        head += " PyTorch bf16 µs | cfbn/PyTorch |"
+        sep += "--:|--:|"
+    w(head + " others' load |")
+    w(sep + "--:|")
+    for r in rows:
+        cells = ["(%s)" % ",".join(map(str, r["shape"])), r["layout"], bc.OPS[r["op"]],
+                 fmt_us(r["bf16"]), fmt_us(r["f32"]), "%.2f" % r["speedup"], "%.2f" % r["gbps"]]
+        if torch is not None:
+            ratio = "%.3f" % r["ratio"]
+            cells += [fmt_us(r["torch"]), ratio if r["ratio"] < 1.0 else "**%s**" % ratio]
+        cells.append(fmt_load(r["load"]))
+        w("| " + " | ".join(cells) + " |")
+    for r in rows:
+        if r["large"]:
+            summary.append(("bfloat16 large %s %s speed-up %.2f >= %.1f" % (
+                r["layout"], bc.OPS[r["op"]], r["speedup"], TARGET_BF16_SPEEDUP),
+                r["speedup"] >= TARGET_BF16_SPEEDUP))
+    if torch is not None and rows:
+        worst = max(rows, key=lambda r: r["ratio"])
+        w("")
+        w("Largest cfbn/PyTorch ratio in bfloat16: **%.3f** at (%s) %s %s" % (
+            worst["ratio"], ",".join(map(str, worst["shape"])), worst["layout"],
+            bc.OPS[worst["op"]]))
+        summary.append(("bfloat16 largest ratio to PyTorch %.3f < 1" % worst["ratio"],
+                        worst["ratio"] < 1.0))
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -424,10 +517,10 @@ def verdict(ok):
     return "pass" if ok else "**FAIL**"
 
 
-def report(args, info, torch, rows, large, overhead, elapsed, load):
+def report(args, info, torch, rows, large, overhead, bf16, elapsed, load):
     out = []
     w = out.append
-    w("## cfbn vs PyTorch, float32")
+    w("## cfbn vs PyTorch: float32, then bfloat16")
     w("")
     w(machine_line(info))
     w("")
@@ -563,6 +656,9 @@ def report(args, info, torch, rows, large, overhead, elapsed, load):
                 summary.append(("overhead %s %.2f us <= %.0f" % (
                     r["op"], r["cfbn"] * 1e6, TARGET_OVERHEAD_US), ok))
 
+    if bf16:
+        bf16_report(w, bf16, torch, summary)
+
     if summary:
         failed = [name for name, ok in summary if not ok]
         w("")
@@ -595,6 +691,9 @@ def parse_args(argv):
     p.add_argument("--no-large", action="store_true", help="skip the large-tensor section")
     p.add_argument("--no-overhead", action="store_true", help="skip the per-call overhead")
     p.add_argument("--no-torch", action="store_true", help="time cfbn only")
+    p.add_argument("--no-bf16", action="store_true", help="skip the bfloat16 section")
+    p.add_argument("--only-bf16", action="store_true",
+                   help="only the bfloat16 section (with the large tensor unless --no-large)")
     args = p.parse_args(argv)
     args.threads = [int(t) for t in args.threads.split(",") if t.strip()]
     args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -616,12 +715,19 @@ def main(argv=None):
         log("PyTorch is not installed (or --no-torch): timing cfbn only")
     info = bc.machine_info()
     log(machine_line(info))
-    rows = target_cells(args, torch)
-    large = None if args.no_large else large_section(args, torch)
-    overhead = None if args.no_overhead else overhead_section(args, torch)
+    only = args.only_bf16
+    rows = [] if only else target_cells(args, torch)
+    large = None if args.no_large or only else large_section(args, torch)
+    overhead = None if args.no_overhead or only else overhead_section(args, torch)
+    bf16 = None
+    if not args.no_bf16:
+        if bc.have_module("ml_dtypes"):
+            bf16 = bf16_section(args, torch)
+        else:
+            log("ml_dtypes is not installed: no bfloat16 section")
     elapsed = time.perf_counter() - start
     load = (load_start, "%.2f" % os.getloadavg()[0])
-    text = report(args, info, torch, rows, large, overhead, elapsed, load)
+    text = report(args, info, torch, rows, large, overhead, bf16, elapsed, load)
     print(text)
     if args.markdown_out:
         Path(args.markdown_out).write_text(text + "\n")
