@@ -1070,33 +1070,6 @@ INLINE void gapply_rows_nt_ps(const void *dy, const void *x, void *dx, int64_t r
     _mm_sfence();
 }
 
-/* The streaming entries of a storage type, like bn_entries.h's. */
-#define STREAM_ENTRIES(sfx, DT)                                                                               \
-    static void apply_run_nt_##sfx(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)               \
-    {                                                                                                         \
-        apply_run_nt_ps(x, y, n, p, DT);                                                                      \
-    }                                                                                                         \
-    static void apply_rows_nt_##sfx(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p) \
-    {                                                                                                         \
-        apply_rows_nt_ps(x, y, rows, w, p, DT);                                                               \
-    }                                                                                                         \
-    static void gapply_run_nt_##sfx(const void *dy, const void *x, void *dx, int64_t n,                       \
-                                    const cfbn_grad_f32 *p)                                                   \
-    {                                                                                                         \
-        gapply_run_nt_ps(dy, x, dx, n, p, DT);                                                                \
-    }                                                                                                         \
-    static void gapply_rows_nt_##sfx(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,        \
-                                     const cfbn_grad_f32 *p)                                                  \
-    {                                                                                                         \
-        gapply_rows_nt_ps(dy, x, dx, rows, w, p, DT);                                                         \
-    }
-#define STREAM_TABLE(sfx)                                                                                     \
-    .apply_run_stream = apply_run_nt_##sfx, .apply_rows_stream = apply_rows_nt_##sfx,                         \
-    .gapply_run_stream = gapply_run_nt_##sfx, .gapply_rows_stream = gapply_rows_nt_##sfx
-
-STREAM_ENTRIES(f32, CFBN_F32)
-STREAM_ENTRIES(f16, CFBN_F16)
-STREAM_ENTRIES(bf16, CFBN_BF16)
 
 /* streaming pays only with whole aligned rows */
 INLINE int rows_stream_ok(const float *out, int64_t w)
@@ -1764,16 +1737,21 @@ INLINE void fgapply_rows_ps(const void *dy, const void *x, void *dx, int64_t row
  * fused or streaming variants: parameters broadcast once, and the gradient
  * sums stay in vector registers across runs, added up once at the end.
  * Each run first prefetches the next channel's (bn_runs.h). */
-static void apply_runs_f32(const void *x_, void *y_, int64_t n, const cfbn_apply_f32 *p)
+
+/* element i of p, dt storage, as a byte address */
+INLINE const char *elem_at(const void *p, int64_t i, int dt)
 {
-    const float *x = x_;
-    float *y = y_;
+    return (const char *)p + (size_t)i * (dt ? 2 : 4);
+}
+
+INLINE void apply_runs_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
+{
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]);
     const __m256 q[8] = {m, l, a, b, m, l, a, b};
     for (int64_t k = 0; k < p->runs; k++) {
-        prefetch_next_run(x + k * p->stride, n * 4);
-        apply_flat_ps(x + k * p->stride, y + k * p->stride, n, q, 0);
+        prefetch_next_run(elem_at(x, k * p->stride, dt), n * (dt ? 2 : 4));
+        apply_flat_ps(elem_at(x, k * p->stride, dt), (void *)elem_at(y, k * p->stride, dt), n, q, dt);
     }
 }
 
@@ -1785,35 +1763,32 @@ static void apply_runs_f32(const void *x_, void *y_, int64_t n, const cfbn_apply
  * L1 set, more than its 8 ways. */
 #define SHORT_RUN 256
 
-static void gstats_runs_f32(const void *dy_, const void *x_, int64_t n, const cfbn_grad_f32 *p, double *acc)
+INLINE void gstats_runs_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int dt)
 {
-    const float *dy = dy_;
-    const float *x = x_;
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     const __m256 q[4] = {m, l, m, l};
     __m256d s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd();
     const int64_t st = p->stride;
     int64_t k = 0;
-    if (n <= SHORT_RUN && (st * 4) % 4096 != 0) {
+    if (n <= SHORT_RUN && (st * (dt ? 2 : 4)) % 4096 != 0) {
         const int64_t full = n & ~(int64_t)7, cnt = n - full;
         const __m256i mk = mask_ps(cnt);
         const __m256 tm = and_ps(m, mk), tl = and_ps(l, mk);
         for (; k + 8 <= p->runs; k += 8) {
-            const float *g0 = dy + k * st, *x0 = x + k * st;
             acc8 a = acc8_zero();
             __m256 g[8], d[8];
             for (int64_t i = 0; i < full; i += 8) {
                 for (int r = 0; r < 8; r++) {
-                    g[r] = _mm256_loadu_ps(g0 + r * st + i);
-                    d[r] = _mm256_sub_ps(_mm256_loadu_ps(x0 + r * st + i), m);
+                    g[r] = ld8(dy, (k + r) * st + i, dt);
+                    d[r] = _mm256_sub_ps(ld8(x, (k + r) * st + i, dt), m);
                 }
                 gstats_tree_step(&a, g, d, l);
             }
             if (cnt) {
                 /* dead lanes: dy = 0 and d = 0 */
                 for (int r = 0; r < 8; r++) {
-                    g[r] = _mm256_maskload_ps(g0 + r * st + full, mk);
-                    d[r] = _mm256_sub_ps(_mm256_maskload_ps(x0 + r * st + full, mk), tm);
+                    g[r] = ld_part(dy, (k + r) * st + full, cnt, cnt, dt);
+                    d[r] = _mm256_sub_ps(ld_part(x, (k + r) * st + full, cnt, cnt, dt), tm);
                 }
                 gstats_tree_step(&a, g, d, tl);
             }
@@ -1823,9 +1798,9 @@ static void gstats_runs_f32(const void *dy_, const void *x_, int64_t n, const cf
     }
     for (; k < p->runs; k++) {
         acc8 a, b;
-        prefetch_next_run(dy + k * st, n * 4);
-        prefetch_next_run(x + k * st, n * 4);
-        gstats_flat_ps(dy + k * st, x + k * st, n, q, 0, 1, &a, &b);
+        prefetch_next_run(elem_at(dy, k * st, dt), n * (dt ? 2 : 4));
+        prefetch_next_run(elem_at(x, k * st, dt), n * (dt ? 2 : 4));
+        gstats_flat_ps(elem_at(dy, k * st, dt), elem_at(x, k * st, dt), n, q, dt, 1, &a, &b);
         s1 = _mm256_add_pd(s1, _mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
         s2 = _mm256_add_pd(s2, _mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
     }
@@ -1833,23 +1808,63 @@ static void gstats_runs_f32(const void *dy_, const void *x_, int64_t n, const cf
     acc[1] = hsum_pd(s2);
     /* one channel's runs: checked once, on the totals (the losses bound by
      * needs_double add up over the runs as the sums do) */
-    if (run_needs_double(acc, n * p->runs, p)) gstats_runs_pd(dy, x, n, p->runs, st, p, acc, 0);
+    if (run_needs_double(acc, n * p->runs, p)) gstats_runs_pd(dy, x, n, p->runs, st, p, acc, dt);
 }
 
-static void gapply_runs_f32(const void *dy_, const void *x_, void *dx_, int64_t n, const cfbn_grad_f32 *p)
+INLINE void gapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
-    const float *dy = dy_;
-    const float *x = x_;
-    float *dx = dx_;
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
     const __m256 q[10] = {m, l, a, b, c, m, l, a, b, c};
     for (int64_t k = 0; k < p->runs; k++) {
-        prefetch_next_run(dy + k * p->stride, n * 4);
-        prefetch_next_run(x + k * p->stride, n * 4);
-        gapply_flat_ps(dy + k * p->stride, x + k * p->stride, dx + k * p->stride, n, q, 0);
+        prefetch_next_run(elem_at(dy, k * p->stride, dt), n * (dt ? 2 : 4));
+        prefetch_next_run(elem_at(x, k * p->stride, dt), n * (dt ? 2 : 4));
+        gapply_flat_ps(elem_at(dy, k * p->stride, dt), elem_at(x, k * p->stride, dt),
+                       (void *)elem_at(dx, k * p->stride, dt), n, q, dt);
     }
 }
+
+/* The runs and streaming entries of a storage type, like bn_entries.h's. */
+#define EXTRA_ENTRIES(sfx, DT)                                                                                \
+    static void apply_runs_##sfx(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)                 \
+    {                                                                                                         \
+        apply_runs_ps(x, y, n, p, DT);                                                                        \
+    }                                                                                                         \
+    static void gstats_runs_##sfx(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p,           \
+                                  double *acc)                                                                \
+    {                                                                                                         \
+        gstats_runs_ps(dy, x, n, p, acc, DT);                                                                 \
+    }                                                                                                         \
+    static void gapply_runs_##sfx(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p) \
+    {                                                                                                         \
+        gapply_runs_ps(dy, x, dx, n, p, DT);                                                                  \
+    }                                                                                                         \
+    static void apply_run_nt_##sfx(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)               \
+    {                                                                                                         \
+        apply_run_nt_ps(x, y, n, p, DT);                                                                      \
+    }                                                                                                         \
+    static void apply_rows_nt_##sfx(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p) \
+    {                                                                                                         \
+        apply_rows_nt_ps(x, y, rows, w, p, DT);                                                               \
+    }                                                                                                         \
+    static void gapply_run_nt_##sfx(const void *dy, const void *x, void *dx, int64_t n,                       \
+                                    const cfbn_grad_f32 *p)                                                   \
+    {                                                                                                         \
+        gapply_run_nt_ps(dy, x, dx, n, p, DT);                                                                \
+    }                                                                                                         \
+    static void gapply_rows_nt_##sfx(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,        \
+                                     const cfbn_grad_f32 *p)                                                  \
+    {                                                                                                         \
+        gapply_rows_nt_ps(dy, x, dx, rows, w, p, DT);                                                         \
+    }
+#define EXTRA_TABLE(sfx)                                                                                      \
+    .apply_runs = apply_runs_##sfx, .gstats_runs = gstats_runs_##sfx, .gapply_runs = gapply_runs_##sfx,       \
+    .apply_run_stream = apply_run_nt_##sfx, .apply_rows_stream = apply_rows_nt_##sfx,                         \
+    .gapply_run_stream = gapply_run_nt_##sfx, .gapply_rows_stream = gapply_rows_nt_##sfx
+
+EXTRA_ENTRIES(f32, CFBN_F32)
+EXTRA_ENTRIES(f16, CFBN_F16)
+EXTRA_ENTRIES(bf16, CFBN_BF16)
 
 /* ---- float32, float16 and bfloat16 entries ---- */
 
@@ -2260,17 +2275,13 @@ static void gapply_rows_f64(const void *dy_, const void *x_, void *dx_, int64_t 
 
 const cfbn_kernels cfbn_kernels_avx2 = {
     .name = "avx2",
-    .f32 = {
-        CFBN_FLOAT_TABLE(f32),
-        .apply_runs = apply_runs_f32, .gstats_runs = gstats_runs_f32, .gapply_runs = gapply_runs_f32,
-        STREAM_TABLE(f32),
-    },
+    .f32 = { CFBN_FLOAT_TABLE(f32), EXTRA_TABLE(f32) },
     .f64 = {
         stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
         gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
     },
-    .f16 = { CFBN_FLOAT_TABLE(f16), STREAM_TABLE(f16) },
-    .bf16 = { CFBN_FLOAT_TABLE(bf16), STREAM_TABLE(bf16) },
+    .f16 = { CFBN_FLOAT_TABLE(f16), EXTRA_TABLE(f16) },
+    .bf16 = { CFBN_FLOAT_TABLE(bf16), EXTRA_TABLE(bf16) },
 };
 
 #endif
