@@ -14,6 +14,7 @@ __all__ = [
     "BatchNormOutput",
     "BatchNormGrad",
     "BatchNormGradSide",
+    "BatchNormGradGrad",
     "ACTIVATIONS",
     "activation",
     "activation_grad",
@@ -21,6 +22,7 @@ __all__ = [
     "reduce_axes",
     "fused_batch_norm",
     "fused_batch_norm_grad",
+    "fused_batch_norm_grad_grad",
 ]
 
 #: Rank and channel axis of every supported ``data_format``.
@@ -42,6 +44,9 @@ BatchNormGrad = namedtuple(
 BatchNormGradSide = namedtuple(
     "BatchNormGradSide",
     ["x_backprop", "scale_backprop", "offset_backprop", "side_input_backprop"],
+)
+BatchNormGradGrad = namedtuple(
+    "BatchNormGradGrad", ["y_backprop_backprop", "x_backprop", "scale_backprop"]
 )
 
 #: Fusable activations and their default ``alpha`` (None: takes no alpha).
@@ -389,3 +394,119 @@ def _grad(dy, x, scale, reserve_space_1, reserve_space_2, epsilon, data_format, 
     else:
         x_backprop = bc(gamma * r) * dy
     return BatchNormGrad(x_backprop, scale_backprop, offset_backprop)
+
+
+def fused_batch_norm_grad_grad(
+    y_backprop,
+    x,
+    scale,
+    reserve_space_1,
+    reserve_space_2,
+    grad_x_backprop,
+    grad_scale_backprop=None,
+    grad_offset_backprop=None,
+    *,
+    epsilon=1e-4,
+    data_format="NHWC",
+    is_training=True,
+):
+    """Second-order batch normalization gradient, evaluated in float64.
+
+    With ``(dx, dscale, doffset) = fused_batch_norm_grad(y_backprop, x, ...)``
+    this returns the derivatives of ``L = sum(ggx * dx) + sum(ggscale *
+    dscale) + sum(ggoffset * doffset)`` with respect to ``y_backprop``, ``x``
+    and ``scale``, by SPEC.md's closed forms: five per-channel means in
+    training, where the reserve spaces are the batch statistics of ``x`` and
+    are differentiated through, and constants in inference.
+
+    Parameters
+    ----------
+    y_backprop, x, scale, reserve_space_1, reserve_space_2 : array_like
+        The inputs of the gradient call, see :func:`fused_batch_norm_grad`.
+    grad_x_backprop : array_like or None
+        Upstream gradient ``ggx`` of ``x_backprop``, same shape as ``x``;
+        ``None`` means zeros.
+    grad_scale_backprop, grad_offset_backprop : array_like, optional
+        Upstream gradients ``ggscale`` and ``ggoffset`` of the per-channel
+        outputs, length C; ``None`` means zeros.
+    epsilon, data_format, is_training : optional
+        As for :func:`fused_batch_norm_grad`.
+
+    Returns
+    -------
+    BatchNormGradGrad
+        ``(y_backprop_backprop, x_backprop, scale_backprop)``, all float64.
+        An empty batch gives empty tensors and ``scale_backprop = 0``.
+    """
+    dy = np.asarray(y_backprop, dtype=np.float64)
+    x = np.asarray(x, dtype=np.float64)
+    ggx = np.zeros(x.shape) if grad_x_backprop is None else np.asarray(
+        grad_x_backprop, dtype=np.float64)
+    axis = channel_axis(data_format, x.ndim)
+    for name, a in (("y_backprop", dy), ("grad_x_backprop", ggx)):
+        if a.shape != x.shape:
+            raise ValueError(f"{name} must have the shape of x {x.shape}, got {a.shape}")
+    c = x.shape[axis]
+    gamma, mu, var, ggs, ggo = (
+        _channel_vector(name, v, c)
+        for name, v in (
+            ("scale", scale),
+            ("reserve_space_1", reserve_space_1),
+            ("reserve_space_2", reserve_space_2),
+            ("grad_scale_backprop", grad_scale_backprop),
+            ("grad_offset_backprop", grad_offset_backprop),
+        )
+    )
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return _grad_grad(dy, x, gamma, mu, var, ggx, ggs, ggo, epsilon, data_format,
+                          is_training)
+
+
+def _channel_vector(name, v, c):
+    """``v`` as a float64 vector of length ``c`` (zeros for None), or a ValueError."""
+    if v is None:
+        return np.zeros(c)
+    v = np.asarray(v, dtype=np.float64)
+    if v.shape != (c,):
+        raise ValueError(f"{name} must have shape ({c},), one value per channel, got {v.shape}")
+    return v
+
+
+def _grad_grad(dy, x, gamma, mu, var, ggx, ggs, ggo, epsilon, data_format, is_training):
+    axis = channel_axis(data_format, x.ndim)
+    axes = reduce_axes(data_format, x.ndim)
+    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+
+    def bc(v):
+        return _per_channel(v, x.ndim, axis)
+
+    if n == 0:
+        # every sum is over no elements; the statistics of an empty training
+        # batch are NaN and would otherwise turn 0 into NaN
+        return BatchNormGradGrad(np.zeros(x.shape), np.zeros(x.shape), np.zeros(gamma.shape))
+    r = 1.0 / np.sqrt(var + epsilon)
+    x_hat = (x - bc(mu)) * bc(r)
+    if not is_training:
+        return BatchNormGradGrad(
+            bc(gamma * r) * ggx + bc(ggs) * x_hat + bc(ggo),
+            bc(ggs * r) * dy,
+            r * np.sum(ggx * dy, axis=axes),
+        )
+
+    def avg(a):
+        return bc(np.mean(a, axis=axes))
+
+    g_mean = avg(dy)  # A
+    g_xhat = avg(dy * x_hat)  # B
+    ggx_mean = avg(ggx)  # A-bar
+    ggx_xhat = avg(ggx * x_hat)  # C
+    ggx_g = avg(ggx * dy)  # D
+    g_r, ggs_r = bc(gamma * r), bc(ggs * r)
+    y_backprop_backprop = g_r * (ggx - ggx_mean - x_hat * ggx_xhat) + bc(ggs) * x_hat + bc(ggo)
+    scale_backprop = (n * r) * (ggx_g - ggx_mean * g_mean - ggx_xhat * g_xhat).reshape(-1)
+    x_backprop = g_r * bc(r) * (
+        x_hat * (ggx_mean * g_mean + 3.0 * g_xhat * ggx_xhat - ggx_g)
+        - ggx_xhat * (dy - g_mean)
+        - g_xhat * (ggx - ggx_mean)
+    ) + ggs_r * (dy - g_mean - x_hat * g_xhat)
+    return BatchNormGradGrad(y_backprop_backprop, x_backprop, scale_backprop)
