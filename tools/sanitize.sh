@@ -63,9 +63,10 @@ if not where.startswith(os.path.realpath(sys.argv[1]) + os.sep):
 EOF
 isas=$("$PYTHON" -c 'import cfbn; print(" ".join(cfbn.runtime_info()["supported_isas"]))')
 
-status=0
-for isa in $isas; do
-    echo "sanitize: tests with CFBN_FORCE_ISA=$isa"
+# One suite per ISA, side by side: each pytest process is mostly one core of
+# Python, so on a 2-core machine the suites take about the time of one.
+run_isa() {
+    local isa=$1 start rc
     start=$(date +%s)
     set +e
     # shellcheck disable=SC2086
@@ -74,6 +75,20 @@ for isa in $isas; do
         >"$LOG/tests-$isa.txt" 2>&1
     rc=$?
     set -e
+    echo "$rc $(( $(date +%s) - start ))" >"$LOG/rc-$isa"
+}
+pids=()
+for isa in $isas; do
+    echo "sanitize: tests with CFBN_FORCE_ISA=$isa"
+    run_isa "$isa" &
+    pids+=($!)
+done
+wait "${pids[@]}"
+
+status=0
+for isa in $isas; do
+    read -r rc secs <"$LOG/rc-$isa"
+    echo "sanitize: $isa:"
     tail -n 3 "$LOG/tests-$isa.txt"
     if grep -qE "ERROR: AddressSanitizer|runtime error:|SUMMARY: (Address|UndefinedBehavior)Sanitizer" \
             "$LOG/tests-$isa.txt"; then
@@ -85,6 +100,6 @@ for isa in $isas; do
         tail -n 40 "$LOG/tests-$isa.txt" >&2
         status=1
     fi
-    echo "sanitize: $isa: $(( $(date +%s) - start )) s"
+    echo "sanitize: $isa: $secs s"
 done
 exit $status
