@@ -3,13 +3,14 @@
  * external linkage could be merged with a baseline copy by the linker and
  * then run on a CPU without AVX2.  Same contracts as bn_scalar.c.
  *
- * f32 and f16 share their bodies (a constant `half` flag that always_inline
- * folds away); f64 has its own.  Rows kernels whose width divides the vector
- * period (16 floats, 8 doubles) run as one flat stream with per-lane
- * parameters, because then every lane always sees the same column; other
- * widths go row by row with a masked tail.
+ * f32, f16 and bf16 share their bodies (a constant `dt`, the storage type,
+ * that always_inline folds away; bn_entries.h makes the entries); f64 has
+ * its own.  Rows kernels whose width divides the vector period (16 floats,
+ * 8 doubles) run as one flat stream with per-lane parameters, because then
+ * every lane always sees the same column; other widths go row by row with a
+ * masked tail.
  *
- * Fused activations of f32 and f16 tensors run inside the vector loops (the
+ * Fused activations of f32, f16 and bf16 tensors run inside the vector loops (the
  * *_fused_* entries): relu, relu6 and leaky relu by max/min/blend; elu,
  * sigmoid, tanh and silu through exp_ps, a Cephes-style expf.  float64
  * tensors take the routing layer's fallback: these plain kernels over
@@ -25,7 +26,8 @@
 #include <string.h>
 
 #include "bn_act.h"
-#include "half.h"
+#include "bn_entries.h"
+#include "storage.h"
 
 #define INLINE static inline __attribute__((always_inline))
 /* the rarely taken ways back to double sums: out of line, so that the fast
@@ -49,21 +51,45 @@ INLINE __m128i mask_ph(int64_t cnt)
     return _mm_cmpgt_epi16(_mm_set1_epi16((short)cnt), _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/* ---- f32 / f16 element access (8 lanes of float) ---- */
+/* ---- element access: 8 lanes of float; dt is the tensor's storage
+ * (CFBN_F32, CFBN_F16 by F16C, CFBN_BF16 by integer shifts) ---- */
 
-INLINE __m256 ld8(const void *p, int64_t i, int half)
+/* 8 halfwords -> 8 floats */
+INLINE __m256 widen_ph(__m128i h, int dt)
 {
-    if (half)
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    if (dt == CFBN_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+/* 8 floats -> 8 halfwords, to nearest even.  bfloat16: add 0x7fff plus the
+ * kept lsb and drop the low half (a carry rounds up into the exponent, to
+ * inf past the largest finite value); nan is made quiet instead, so that
+ * rounding never turns it into inf. */
+INLINE __m128i narrow_ph(__m256 v, int dt)
+{
+    if (dt != CFBN_BF16) return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+    __m256i b = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(b, _mm256_set1_epi32(0x400000)), nan);
+    r = _mm256_srli_epi32(r, 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+INLINE __m256 ld8(const void *p, int64_t i, int dt)
+{
+    if (dt)
+        return widen_ph(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)), dt);
     return _mm256_loadu_ps((const float *)p + i);
 }
 
 /* The first cnt (1..7) elements at p[i], zero in the other lanes.  avail is
  * how many elements p[i..] holds: nothing past it is read, so a slice that
  * ends at a page boundary never faults. */
-INLINE __m256 ld_part(const void *p, int64_t i, int64_t cnt, int64_t avail, int half)
+INLINE __m256 ld_part(const void *p, int64_t i, int64_t cnt, int64_t avail, int dt)
 {
-    if (!half)
+    if (!dt)
         return _mm256_maskload_ps((const float *)p + i, mask_ps(cnt));
     const uint16_t *q = (const uint16_t *)p + i;
     __m128i h;
@@ -74,34 +100,38 @@ INLINE __m256 ld_part(const void *p, int64_t i, int64_t cnt, int64_t avail, int 
         memcpy(buf, q, (size_t)cnt * sizeof *buf);
         h = _mm_loadu_si128((const __m128i *)buf);
     }
-    return _mm256_cvtph_ps(h);
+    return widen_ph(h, dt);
 }
 
-INLINE void st8(void *p, int64_t i, __m256 v, int half)
+INLINE void st8(void *p, int64_t i, __m256 v, int dt)
 {
-    if (half)
-        _mm_storeu_si128((__m128i *)((uint16_t *)p + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    if (dt)
+        _mm_storeu_si128((__m128i *)((uint16_t *)p + i), narrow_ph(v, dt));
     else
         _mm256_storeu_ps((float *)p + i, v);
 }
 
 /* Writes exactly cnt (1..7) elements: a neighbouring element may belong to
  * another thread's piece (or be the next row's input when y aliases x). */
-INLINE void st_part(void *p, int64_t i, __m256 v, int64_t cnt, int half)
+INLINE void st_part(void *p, int64_t i, __m256 v, int64_t cnt, int dt)
 {
-    if (!half) {
+    if (!dt) {
         _mm256_maskstore_ps((float *)p + i, mask_ps(cnt), v);
         return;
     }
     uint16_t buf[8];
-    _mm_storeu_si128((__m128i *)buf, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    _mm_storeu_si128((__m128i *)buf, narrow_ph(v, dt));
     memcpy((uint16_t *)p + i, buf, (size_t)cnt * sizeof *buf);
 }
 
 /* Four elements widened to double; float -> double is exact. */
-INLINE __m256d ld4d(const void *p, int64_t i, int half)
+INLINE __m256d ld4d(const void *p, int64_t i, int dt)
 {
-    if (half)
+    if (dt == CFBN_BF16) {
+        __m128i h = _mm_loadl_epi64((const __m128i *)((const uint16_t *)p + i));
+        return _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16)));
+    }
+    if (dt)
         return _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)((const uint16_t *)p + i))));
     return _mm256_cvtps_pd(_mm_loadu_ps((const float *)p + i));
 }
@@ -299,9 +329,10 @@ INLINE int any_suspect(const double *acc, int64_t w, double count)
     return _mm256_movemask_pd(bad);
 }
 
-INLINE float ld1(const void *p, int64_t i, int half)
+INLINE float ld1(const void *p, int64_t i, int dt)
 {
-    return half ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+    if (dt == CFBN_BF16) return cfbn_bf16_to_float(((const uint16_t *)p)[i]);
+    return dt ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
 /* Column j of rows x w summed again in double, element by element as
@@ -309,11 +340,11 @@ INLINE float ld1(const void *p, int64_t i, int half)
  * other channels, keep their bits when one channel holds a NaN.  A NaN d
  * makes both sums NaN for good, so the loop stops there. */
 COLD void stats_column_pd(const void *x, int64_t rows, int64_t w, int64_t j, double shift, double *s1, double *s2,
-                          int half)
+                          int dt)
 {
     double a = 0.0, b = 0.0;
     for (int64_t r = 0; r < rows && b == b; r++) {
-        double d = (double)ld1(x, r * w + j, half) - shift;
+        double d = (double)ld1(x, r * w + j, dt) - shift;
         a += d;
         b += d * d;
     }
@@ -326,21 +357,21 @@ COLD void stats_column_pd(const void *x, int64_t rows, int64_t w, int64_t j, dou
  * x - mhi - mlo == 0 adds exactly 0 to the second sum and needs no dy: a
  * column of x constant at the mean costs one read of x. */
 COLD void gstats_column_pd(const void *dy, const void *x, int64_t rows, int64_t w, int64_t j, float mhi, float mlo,
-                           int redo, double *s1, double *s2, int half)
+                           int redo, double *s1, double *s2, int dt)
 {
     if (redo & REDO_S1) {
         double a = 0.0;
-        for (int64_t r = 0; r < rows && a == a; r++) a += ld1(dy, r * w + j, half);
+        for (int64_t r = 0; r < rows && a == a; r++) a += ld1(dy, r * w + j, dt);
         *s1 = a;
     }
     if (redo & REDO_S2) {
         int64_t r = 0;
         if (fabs(*s1) <= DBL_MAX)
-            while (r < rows && (ld1(x, r * w + j, half) - mhi) - mlo == 0.0f) r++;
+            while (r < rows && (ld1(x, r * w + j, dt) - mhi) - mlo == 0.0f) r++;
         double b = 0.0;
         for (; r < rows && b == b; r++) {
-            float d = (ld1(x, r * w + j, half) - mhi) - mlo;
-            b += (double)ld1(dy, r * w + j, half) * (double)d;
+            float d = (ld1(x, r * w + j, dt) - mhi) - mlo;
+            b += (double)ld1(dy, r * w + j, dt) * (double)d;
         }
         *s2 = b;
     }
@@ -349,46 +380,46 @@ COLD void gstats_column_pd(const void *dy, const void *x, int64_t rows, int64_t 
 /* Each of w columns whose float gradient sums (acc[j], acc[w + j] over
  * rows) need double, as needs_double decides, summed again. */
 INLINE void gstats_redo_columns(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                                double *acc, int half)
+                                double *acc, int dt)
 {
     for (int64_t j = 0; j < w; j++) {
         int redo = needs_double(acc[j], acc[w + j], (double)rows, fabs(p->mhi[j]),
                                 finite_f(p->mhi[j]) && finite_f(p->mlo[j]));
-        if (redo) gstats_column_pd(dy, x, rows, w, j, p->mhi[j], p->mlo[j], redo, acc + j, acc + w + j, half);
+        if (redo) gstats_column_pd(dy, x, rows, w, j, p->mhi[j], p->mlo[j], redo, acc + j, acc + w + j, dt);
     }
 }
 
-/* ---- f32 / f16 flat streams: 8-element blocks with an even index use the
+/* ---- float-compute flat streams: 8-element blocks with an even index use the
  * first parameter set, odd blocks the second ---- */
 
 /* Reductions over runs a few pages long (NCHW planes) restart the hardware
  * prefetchers at every page; a prefetch FLAT_PREFETCH_BYTES ahead of the line
  * of element i keeps the stream going.  Called once per 16 elements. */
 #define FLAT_PREFETCH_BYTES 4096
-INLINE void prefetch_ahead_of(const void *p, int64_t i, int half)
+INLINE void prefetch_ahead_of(const void *p, int64_t i, int dt)
 {
-    _mm_prefetch((const char *)p + (size_t)i * (half ? 2 : 4) + FLAT_PREFETCH_BYTES, _MM_HINT_T0);
+    _mm_prefetch((const char *)p + (size_t)i * (dt ? 2 : 4) + FLAT_PREFETCH_BYTES, _MM_HINT_T0);
 }
 
 /* sh: shift lanes lo, hi of even blocks, then of odd blocks */
-INLINE void stats_flat_ps(const void *x, int64_t n, const __m256d *sh, int half, acc8 *ea, acc8 *oa)
+INLINE void stats_flat_ps(const void *x, int64_t n, const __m256d *sh, int dt, acc8 *ea, acc8 *oa)
 {
     acc8 a = acc8_zero(), b = acc8_zero();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        prefetch_ahead_of(x, i, half);
-        stats_step(&a, ld4d(x, i, half), ld4d(x, i + 4, half), sh[0], sh[1]);
-        stats_step(&b, ld4d(x, i + 8, half), ld4d(x, i + 12, half), sh[2], sh[3]);
+        prefetch_ahead_of(x, i, dt);
+        stats_step(&a, ld4d(x, i, dt), ld4d(x, i + 4, dt), sh[0], sh[1]);
+        stats_step(&b, ld4d(x, i + 8, dt), ld4d(x, i + 12, dt), sh[2], sh[3]);
     }
     int odd = 0;
     if (i + 8 <= n) {
-        stats_step(&a, ld4d(x, i, half), ld4d(x, i + 4, half), sh[0], sh[1]);
+        stats_step(&a, ld4d(x, i, dt), ld4d(x, i + 4, dt), sh[0], sh[1]);
         i += 8;
         odd = 1;
     }
     if (i < n) {
         int64_t cnt = n - i;
-        __m256 v = ld_part(x, i, cnt, cnt, half);
+        __m256 v = ld_part(x, i, cnt, cnt, dt);
         __m256i mlo = mask_pd(cnt), mhi = mask_pd(cnt - 4);
         /* dead lanes: x reads as 0 and the shift is masked to 0, so d = 0 */
         if (odd)
@@ -419,7 +450,7 @@ INLINE void gstats_tree_step(acc8 *a, const __m256 *g, const __m256 *u, __m256 m
 /* m: mhi, mlo of even blocks, then of odd blocks.  tree: sum blocks of 8
  * vectors in float first (the fast way); 0 forms every product and sum in
  * double (for sums that left float's range, see needs_double). */
-INLINE void gstats_flat_ps(const void *dy, const void *x, int64_t n, const __m256 *m, int half, int tree,
+INLINE void gstats_flat_ps(const void *dy, const void *x, int64_t n, const __m256 *m, int dt, int tree,
                            acc8 *ea, acc8 *oa)
 {
     acc8 a = acc8_zero(), b = acc8_zero();
@@ -427,30 +458,30 @@ INLINE void gstats_flat_ps(const void *dy, const void *x, int64_t n, const __m25
     for (; tree && i + 128 <= n; i += 128) {
         __m256 g[8], d[8];
         for (int k = 0; k < 8; k++) {
-            g[k] = ld8(dy, i + 16 * k, half);
-            d[k] = _mm256_sub_ps(ld8(x, i + 16 * k, half), m[0]);
+            g[k] = ld8(dy, i + 16 * k, dt);
+            d[k] = _mm256_sub_ps(ld8(x, i + 16 * k, dt), m[0]);
         }
         gstats_tree_step(&a, g, d, m[1]);
         for (int k = 0; k < 8; k++) {
-            g[k] = ld8(dy, i + 16 * k + 8, half);
-            d[k] = _mm256_sub_ps(ld8(x, i + 16 * k + 8, half), m[2]);
+            g[k] = ld8(dy, i + 16 * k + 8, dt);
+            d[k] = _mm256_sub_ps(ld8(x, i + 16 * k + 8, dt), m[2]);
         }
         gstats_tree_step(&b, g, d, m[3]);
     }
     for (; i + 16 <= n; i += 16) {
-        gstats_step(&a, ld8(dy, i, half), centered_ps(ld8(x, i, half), m[0], m[1]));
-        gstats_step(&b, ld8(dy, i + 8, half), centered_ps(ld8(x, i + 8, half), m[2], m[3]));
+        gstats_step(&a, ld8(dy, i, dt), centered_ps(ld8(x, i, dt), m[0], m[1]));
+        gstats_step(&b, ld8(dy, i + 8, dt), centered_ps(ld8(x, i + 8, dt), m[2], m[3]));
     }
     int odd = 0;
     if (i + 8 <= n) {
-        gstats_step(&a, ld8(dy, i, half), centered_ps(ld8(x, i, half), m[0], m[1]));
+        gstats_step(&a, ld8(dy, i, dt), centered_ps(ld8(x, i, dt), m[0], m[1]));
         i += 8;
         odd = 1;
     }
     if (i < n) {
         int64_t cnt = n - i;
         __m256i mk = mask_ps(cnt);
-        __m256 g = ld_part(dy, i, cnt, cnt, half), v = ld_part(x, i, cnt, cnt, half);
+        __m256 g = ld_part(dy, i, cnt, cnt, dt), v = ld_part(x, i, cnt, cnt, dt);
         /* dead lanes: dy = 0 and d = 0, so even an inf mean adds nothing */
         if (odd)
             gstats_step(&b, g, centered_ps(v, and_ps(m[2], mk), and_ps(m[3], mk)));
@@ -462,46 +493,46 @@ INLINE void gstats_flat_ps(const void *dy, const void *x, int64_t n, const __m25
 }
 
 /* p: mhi, mlo, alpha, beta of even blocks, then of odd blocks */
-INLINE void apply_flat_ps(const void *x, void *y, int64_t n, const __m256 *p, int half)
+INLINE void apply_flat_ps(const void *x, void *y, int64_t n, const __m256 *p, int dt)
 {
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        __m256 v0 = ld8(x, i, half), v1 = ld8(x, i + 8, half);
-        __m256 v2 = ld8(x, i + 16, half), v3 = ld8(x, i + 24, half);
-        st8(y, i, apply_ps(v0, p[0], p[1], p[2], p[3]), half);
-        st8(y, i + 8, apply_ps(v1, p[4], p[5], p[6], p[7]), half);
-        st8(y, i + 16, apply_ps(v2, p[0], p[1], p[2], p[3]), half);
-        st8(y, i + 24, apply_ps(v3, p[4], p[5], p[6], p[7]), half);
+        __m256 v0 = ld8(x, i, dt), v1 = ld8(x, i + 8, dt);
+        __m256 v2 = ld8(x, i + 16, dt), v3 = ld8(x, i + 24, dt);
+        st8(y, i, apply_ps(v0, p[0], p[1], p[2], p[3]), dt);
+        st8(y, i + 8, apply_ps(v1, p[4], p[5], p[6], p[7]), dt);
+        st8(y, i + 16, apply_ps(v2, p[0], p[1], p[2], p[3]), dt);
+        st8(y, i + 24, apply_ps(v3, p[4], p[5], p[6], p[7]), dt);
     }
     for (; i + 8 <= n; i += 8) {
         const __m256 *q = p + 4 * ((i >> 3) & 1);
-        st8(y, i, apply_ps(ld8(x, i, half), q[0], q[1], q[2], q[3]), half);
+        st8(y, i, apply_ps(ld8(x, i, dt), q[0], q[1], q[2], q[3]), dt);
     }
     if (i < n) {
         const __m256 *q = p + 4 * ((i >> 3) & 1);
-        st_part(y, i, apply_ps(ld_part(x, i, n - i, n - i, half), q[0], q[1], q[2], q[3]), n - i, half);
+        st_part(y, i, apply_ps(ld_part(x, i, n - i, n - i, dt), q[0], q[1], q[2], q[3]), n - i, dt);
     }
 }
 
 /* p: mhi, mlo, a, b, c of even blocks, then of odd blocks */
-INLINE void gapply_flat_ps(const void *dy, const void *x, void *dx, int64_t n, const __m256 *p, int half)
+INLINE void gapply_flat_ps(const void *dy, const void *x, void *dx, int64_t n, const __m256 *p, int dt)
 {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m256 g0 = ld8(dy, i, half), g1 = ld8(dy, i + 8, half);
-        __m256 v0 = ld8(x, i, half), v1 = ld8(x, i + 8, half);
-        st8(dx, i, gapply_ps(g0, v0, p[0], p[1], p[2], p[3], p[4]), half);
-        st8(dx, i + 8, gapply_ps(g1, v1, p[5], p[6], p[7], p[8], p[9]), half);
+        __m256 g0 = ld8(dy, i, dt), g1 = ld8(dy, i + 8, dt);
+        __m256 v0 = ld8(x, i, dt), v1 = ld8(x, i + 8, dt);
+        st8(dx, i, gapply_ps(g0, v0, p[0], p[1], p[2], p[3], p[4]), dt);
+        st8(dx, i + 8, gapply_ps(g1, v1, p[5], p[6], p[7], p[8], p[9]), dt);
     }
     if (i + 8 <= n) {
-        st8(dx, i, gapply_ps(ld8(dy, i, half), ld8(x, i, half), p[0], p[1], p[2], p[3], p[4]), half);
+        st8(dx, i, gapply_ps(ld8(dy, i, dt), ld8(x, i, dt), p[0], p[1], p[2], p[3], p[4]), dt);
         i += 8;
     }
     if (i < n) {
         const __m256 *q = p + 5 * ((i >> 3) & 1);
         int64_t cnt = n - i;
-        __m256 g = ld_part(dy, i, cnt, cnt, half), v = ld_part(x, i, cnt, cnt, half);
-        st_part(dx, i, gapply_ps(g, v, q[0], q[1], q[2], q[3], q[4]), cnt, half);
+        __m256 g = ld_part(dy, i, cnt, cnt, dt), v = ld_part(x, i, cnt, cnt, dt);
+        st_part(dx, i, gapply_ps(g, v, q[0], q[1], q[2], q[3], q[4]), cnt, dt);
     }
 }
 
@@ -515,14 +546,14 @@ INLINE void lanes_ps(const float *v, int64_t w, __m256 *even, __m256 *odd)
     *odd = _mm256_loadu_ps(t + 8);
 }
 
-/* ---- f32 / f16 kernel bodies ---- */
+/* ---- float-compute kernel bodies (f32, f16, bf16 storage) ---- */
 
-INLINE void stats_run_ps(const void *x, int64_t n, double shift, double *acc, int half)
+INLINE void stats_run_ps(const void *x, int64_t n, double shift, double *acc, int dt)
 {
     __m256d s = _mm256_set1_pd(shift);
     const __m256d sh[4] = {s, s, s, s};
     acc8 a, b;
-    stats_flat_ps(x, n, sh, half, &a, &b);
+    stats_flat_ps(x, n, sh, dt, &a, &b);
     acc[0] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
     acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
 }
@@ -587,10 +618,10 @@ INLINE void add_block_mlo(double *acc, int64_t w, int64_t j, __m256 t1, __m256 t
                                                        _mm256_add_pd(_mm256_loadu_pd(acc + w + j + 4), hi_pd(t2))));
 }
 
-INLINE void stats_rows8_ps(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int half)
+INLINE void stats_rows8_ps(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int dt)
 {
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
-    const size_t es = half ? 2 : 4;
+    const size_t es = dt ? 2 : 4;
     int64_t r = 0;
     for (; r + 8 <= rows; r += 8) {
         const int64_t o = r * w;
@@ -598,14 +629,14 @@ INLINE void stats_rows8_ps(const void *x, int64_t rows, int64_t w, const double 
             prefetch_group(x, o, j, es);
             __m256 k = shift_ps(shift + j);
             __m256 d[8];
-            for (int i = 0; i < 8; i++) d[i] = _mm256_sub_ps(ld8(x, o + i * w + j, half), k);
+            for (int i = 0; i < 8; i++) d[i] = _mm256_sub_ps(ld8(x, o + i * w + j, dt), k);
             add_block(acc, w, j, tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]),
                       sq_tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]));
         }
     }
     for (; r < rows; r++) {
         for (int64_t j = 0; j < w; j += 8) {
-            __m256 d = _mm256_sub_ps(ld8(x, r * w + j, half), shift_ps(shift + j));
+            __m256 d = _mm256_sub_ps(ld8(x, r * w + j, dt), shift_ps(shift + j));
             add_block(acc, w, j, d, _mm256_mul_ps(d, d));
         }
     }
@@ -629,15 +660,15 @@ INLINE void stats_rows8_ps(const void *x, int64_t rows, int64_t w, const double 
     if (_mm256_movemask_pd(bad)) {
         for (int64_t j = 0; j < w; j++)
             if (needs_double(acc[j], acc[w + j], n, -1.0, 1))
-                stats_column_pd(x, rows, w, j, shift[j], acc + j, acc + w + j, half);
+                stats_column_pd(x, rows, w, j, shift[j], acc + j, acc + w + j, dt);
     }
 }
 
 INLINE void gstats_rows8_ps(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                            double *acc, int half)
+                            double *acc, int dt)
 {
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
-    const size_t es = half ? 2 : 4;
+    const size_t es = dt ? 2 : 4;
     int64_t r = 0;
     /* Rows are addressed as a block pointer plus k times the row stride,
      * and the pairwise sums are formed as soon as a pair is loaded: both
@@ -654,9 +685,9 @@ INLINE void gstats_rows8_ps(const void *dy, const void *x, int64_t rows, int64_t
             const __m256 m = _mm256_loadu_ps(mhi + j);
             __m256 s[4], q[4];
             for (int k = 0; k < 4; k++) {
-                __m256 g0 = ld8(bd + 2 * k * rs, 0, half), g1 = ld8(bd + (2 * k + 1) * rs, 0, half);
-                __m256 u0 = _mm256_sub_ps(ld8(bx + 2 * k * rs, 0, half), m);
-                __m256 u1 = _mm256_sub_ps(ld8(bx + (2 * k + 1) * rs, 0, half), m);
+                __m256 g0 = ld8(bd + 2 * k * rs, 0, dt), g1 = ld8(bd + (2 * k + 1) * rs, 0, dt);
+                __m256 u0 = _mm256_sub_ps(ld8(bx + 2 * k * rs, 0, dt), m);
+                __m256 u1 = _mm256_sub_ps(ld8(bx + (2 * k + 1) * rs, 0, dt), m);
                 s[k] = _mm256_add_ps(g0, g1);
                 q[k] = _mm256_fmadd_ps(g1, u1, _mm256_mul_ps(g0, u0));
             }
@@ -670,18 +701,18 @@ INLINE void gstats_rows8_ps(const void *dy, const void *x, int64_t rows, int64_t
     for (; r < rows; r++) {
         for (int64_t j = 0; j < w; j += 8) {
             __m256 m = _mm256_loadu_ps(p->mhi + j), l = _mm256_loadu_ps(p->mlo + j);
-            __m256 g = ld8(dy, r * w + j, half);
-            add_block(acc, w, j, g, _mm256_mul_ps(g, centered_ps(ld8(x, r * w + j, half), m, l)));
+            __m256 g = ld8(dy, r * w + j, dt);
+            add_block(acc, w, j, g, _mm256_mul_ps(g, centered_ps(ld8(x, r * w + j, dt), m, l)));
         }
     }
-    if (any_suspect(acc, w, (double)rows)) gstats_redo_columns(dy, x, rows, w, p, acc, half);
+    if (any_suspect(acc, w, (double)rows)) gstats_redo_columns(dy, x, rows, w, p, acc, dt);
 }
 
-INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int half)
+INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int dt)
 {
     if (w <= 0) return;
     if (w % 8 == 0 && w > 16) {
-        stats_rows8_ps(x, rows, w, shift, acc, half);
+        stats_rows8_ps(x, rows, w, shift, acc, dt);
         return;
     }
     if (16 % w == 0) {
@@ -689,7 +720,7 @@ INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *
         for (int l = 0; l < 16; l++) t[l] = shift[l % w];
         const __m256d sh[4] = {_mm256_loadu_pd(t), _mm256_loadu_pd(t + 4), _mm256_loadu_pd(t + 8), _mm256_loadu_pd(t + 12)};
         acc8 a, b;
-        stats_flat_ps(x, rows * w, sh, half, &a, &b);
+        stats_flat_ps(x, rows * w, sh, dt, &a, &b);
         acc8_store(&a, s1, s2);
         acc8_store(&b, s1 + 8, s2 + 8);
         fold_lanes(s1, 16, w, acc);
@@ -711,13 +742,13 @@ INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *
         for (int64_t j = 0; j < full; j += 8) {
             acc8 c = acc8_load(acc + j, acc + w + j);
             __m256d slo = _mm256_loadu_pd(shift + j), shi = _mm256_loadu_pd(shift + j + 4);
-            stats_step(&c, ld4d(x, o0 + j, half), ld4d(x, o0 + j + 4, half), slo, shi);
-            stats_step(&c, ld4d(x, o1 + j, half), ld4d(x, o1 + j + 4, half), slo, shi);
+            stats_step(&c, ld4d(x, o0 + j, dt), ld4d(x, o0 + j + 4, dt), slo, shi);
+            stats_step(&c, ld4d(x, o1 + j, dt), ld4d(x, o1 + j + 4, dt), slo, shi);
             acc8_store(&c, acc + j, acc + w + j);
         }
         if (cnt) {
-            __m256 v0 = ld_part(x, o0 + full, cnt, n - o0 - full, half);
-            __m256 v1 = ld_part(x, o1 + full, cnt, n - o1 - full, half);
+            __m256 v0 = ld_part(x, o0 + full, cnt, n - o0 - full, dt);
+            __m256 v1 = ld_part(x, o1 + full, cnt, n - o1 - full, dt);
             stats_step(&t, lo_pd(v0), hi_pd(v0), tlo, thi);
             stats_step(&t, lo_pd(v1), hi_pd(v1), tlo, thi);
         }
@@ -726,27 +757,27 @@ INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *
         const int64_t o0 = r * w;
         for (int64_t j = 0; j < full; j += 8) {
             acc8 c = acc8_load(acc + j, acc + w + j);
-            stats_step(&c, ld4d(x, o0 + j, half), ld4d(x, o0 + j + 4, half),
+            stats_step(&c, ld4d(x, o0 + j, dt), ld4d(x, o0 + j + 4, dt),
                        _mm256_loadu_pd(shift + j), _mm256_loadu_pd(shift + j + 4));
             acc8_store(&c, acc + j, acc + w + j);
         }
         if (cnt) {
-            __m256 v0 = ld_part(x, o0 + full, cnt, n - o0 - full, half);
+            __m256 v0 = ld_part(x, o0 + full, cnt, n - o0 - full, dt);
             stats_step(&t, lo_pd(v0), hi_pd(v0), tlo, thi);
         }
     }
     if (cnt) acc8_store_part(&t, acc + full, acc + w + full, cnt);
 }
 
-INLINE void apply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int half)
+INLINE void apply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]);
     const __m256 q[8] = {m, l, a, b, m, l, a, b};
-    apply_flat_ps(x, y, n, q, half);
+    apply_flat_ps(x, y, n, q, dt);
 }
 
-INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int half)
+INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
 {
     if (w <= 0) return;
     if (16 % w == 0) {
@@ -755,7 +786,7 @@ INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const
         lanes_ps(p->mlo, w, &q[1], &q[5]);
         lanes_ps(p->alpha, w, &q[2], &q[6]);
         lanes_ps(p->beta, w, &q[3], &q[7]);
-        apply_flat_ps(x, y, rows * w, q, half);
+        apply_flat_ps(x, y, rows * w, q, dt);
         return;
     }
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
@@ -771,13 +802,13 @@ INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const
     for (; r < rows; r++) {
         const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 8) {
-            __m256 v = apply_ps(ld8(x, o + j, half), _mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j),
+            __m256 v = apply_ps(ld8(x, o + j, dt), _mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j),
                                 _mm256_loadu_ps(p->alpha + j), _mm256_loadu_ps(p->beta + j));
-            st8(y, o + j, v, half);
+            st8(y, o + j, v, dt);
         }
         if (cnt) {
-            __m256 v = ld_part(x, o + full, cnt, n - o - full, half);
-            st_part(y, o + full, apply_ps(v, tm, tl, ta, tb), cnt, half);
+            __m256 v = ld_part(x, o + full, cnt, n - o - full, dt);
+            st_part(y, o + full, apply_ps(v, tm, tl, ta, tb), cnt, dt);
         }
     }
 }
@@ -786,15 +817,15 @@ INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const
  * every product and sum in double: run kernels whose float block sums left
  * float's range (needs_double) take them from here. */
 COLD void gstats_runs_pd(const void *dy, const void *x, int64_t n, int64_t runs, int64_t stride,
-                         const cfbn_grad_f32 *p, double *acc, int half)
+                         const cfbn_grad_f32 *p, double *acc, int dt)
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     const __m256 q[4] = {m, l, m, l};
-    const size_t step = (size_t)stride * (half ? 2 : 4);
+    const size_t step = (size_t)stride * (dt ? 2 : 4);
     __m256d s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd();
     for (int64_t k = 0; k < runs; k++) {
         acc8 a, b;
-        gstats_flat_ps((const char *)dy + k * step, (const char *)x + k * step, n, q, half, 0, &a, &b);
+        gstats_flat_ps((const char *)dy + k * step, (const char *)x + k * step, n, q, dt, 0, &a, &b);
         s1 = _mm256_add_pd(s1, _mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
         s2 = _mm256_add_pd(s2, _mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
     }
@@ -808,23 +839,23 @@ INLINE int run_needs_double(const double *acc, int64_t count, const cfbn_grad_f3
     return needs_double(acc[0], acc[1], (double)count, fabs(p->mhi[0]), mfin);
 }
 
-INLINE void gstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int half)
+INLINE void gstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int dt)
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     const __m256 q[4] = {m, l, m, l};
     acc8 a, b;
-    gstats_flat_ps(dy, x, n, q, half, 1, &a, &b);
+    gstats_flat_ps(dy, x, n, q, dt, 1, &a, &b);
     acc[0] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
     acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
-    if (n >= 128 && run_needs_double(acc, n, p)) gstats_runs_pd(dy, x, n, 1, 0, p, acc, half);
+    if (n >= 128 && run_needs_double(acc, n, p)) gstats_runs_pd(dy, x, n, 1, 0, p, acc, dt);
 }
 
 INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                           double *acc, int half)
+                           double *acc, int dt)
 {
     if (w <= 0) return;
     if (w % 8 == 0 && w > 16) {
-        gstats_rows8_ps(dy, x, rows, w, p, acc, half);
+        gstats_rows8_ps(dy, x, rows, w, p, acc, dt);
         return;
     }
     if (16 % w == 0) {
@@ -833,12 +864,12 @@ INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t 
         lanes_ps(p->mhi, w, &q[0], &q[2]);
         lanes_ps(p->mlo, w, &q[1], &q[3]);
         acc8 a, b;
-        gstats_flat_ps(dy, x, rows * w, q, half, 1, &a, &b);
+        gstats_flat_ps(dy, x, rows * w, q, dt, 1, &a, &b);
         acc8_store(&a, s1, s2);
         acc8_store(&b, s1 + 8, s2 + 8);
         fold_lanes(s1, 16, w, acc);
         fold_lanes(s2, 16, w, acc + w);
-        if (rows * w >= 128) gstats_redo_columns(dy, x, rows, w, p, acc, half);
+        if (rows * w >= 128) gstats_redo_columns(dy, x, rows, w, p, acc, dt);
         return;
     }
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
@@ -856,15 +887,15 @@ INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t 
         for (int64_t j = 0; j < full; j += 8) {
             acc8 c = acc8_load(acc + j, acc + w + j);
             __m256 m = _mm256_loadu_ps(p->mhi + j), l = _mm256_loadu_ps(p->mlo + j);
-            gstats_step(&c, ld8(dy, o0 + j, half), centered_ps(ld8(x, o0 + j, half), m, l));
-            gstats_step(&c, ld8(dy, o1 + j, half), centered_ps(ld8(x, o1 + j, half), m, l));
+            gstats_step(&c, ld8(dy, o0 + j, dt), centered_ps(ld8(x, o0 + j, dt), m, l));
+            gstats_step(&c, ld8(dy, o1 + j, dt), centered_ps(ld8(x, o1 + j, dt), m, l));
             acc8_store(&c, acc + j, acc + w + j);
         }
         if (cnt) {
-            gstats_step(&t, ld_part(dy, o0 + full, cnt, n - o0 - full, half),
-                        centered_ps(ld_part(x, o0 + full, cnt, n - o0 - full, half), tm, tl));
-            gstats_step(&t, ld_part(dy, o1 + full, cnt, n - o1 - full, half),
-                        centered_ps(ld_part(x, o1 + full, cnt, n - o1 - full, half), tm, tl));
+            gstats_step(&t, ld_part(dy, o0 + full, cnt, n - o0 - full, dt),
+                        centered_ps(ld_part(x, o0 + full, cnt, n - o0 - full, dt), tm, tl));
+            gstats_step(&t, ld_part(dy, o1 + full, cnt, n - o1 - full, dt),
+                        centered_ps(ld_part(x, o1 + full, cnt, n - o1 - full, dt), tm, tl));
         }
     }
     if (r < rows) {
@@ -872,27 +903,27 @@ INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t 
         for (int64_t j = 0; j < full; j += 8) {
             acc8 c = acc8_load(acc + j, acc + w + j);
             __m256 m = _mm256_loadu_ps(p->mhi + j), l = _mm256_loadu_ps(p->mlo + j);
-            gstats_step(&c, ld8(dy, o0 + j, half), centered_ps(ld8(x, o0 + j, half), m, l));
+            gstats_step(&c, ld8(dy, o0 + j, dt), centered_ps(ld8(x, o0 + j, dt), m, l));
             acc8_store(&c, acc + j, acc + w + j);
         }
         if (cnt) {
-            gstats_step(&t, ld_part(dy, o0 + full, cnt, n - o0 - full, half),
-                        centered_ps(ld_part(x, o0 + full, cnt, n - o0 - full, half), tm, tl));
+            gstats_step(&t, ld_part(dy, o0 + full, cnt, n - o0 - full, dt),
+                        centered_ps(ld_part(x, o0 + full, cnt, n - o0 - full, dt), tm, tl));
         }
     }
     if (cnt) acc8_store_part(&t, acc + full, acc + w + full, cnt);
 }
 
-INLINE void gapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int half)
+INLINE void gapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
     const __m256 q[10] = {m, l, a, b, c, m, l, a, b, c};
-    gapply_flat_ps(dy, x, dx, n, q, half);
+    gapply_flat_ps(dy, x, dx, n, q, dt);
 }
 
 INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                           int half)
+                           int dt)
 {
     if (w <= 0) return;
     if (16 % w == 0) {
@@ -902,7 +933,7 @@ INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows
         lanes_ps(p->a, w, &q[2], &q[7]);
         lanes_ps(p->b, w, &q[3], &q[8]);
         lanes_ps(p->c, w, &q[4], &q[9]);
-        gapply_flat_ps(dy, x, dx, rows * w, q, half);
+        gapply_flat_ps(dy, x, dx, rows * w, q, dt);
         return;
     }
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
@@ -919,15 +950,15 @@ INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows
     for (; r < rows; r++) {
         const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 8) {
-            __m256 v = gapply_ps(ld8(dy, o + j, half), ld8(x, o + j, half), _mm256_loadu_ps(p->mhi + j),
+            __m256 v = gapply_ps(ld8(dy, o + j, dt), ld8(x, o + j, dt), _mm256_loadu_ps(p->mhi + j),
                                  _mm256_loadu_ps(p->mlo + j), _mm256_loadu_ps(p->a + j), _mm256_loadu_ps(p->b + j),
                                  _mm256_loadu_ps(p->c + j));
-            st8(dx, o + j, v, half);
+            st8(dx, o + j, v, dt);
         }
         if (cnt) {
-            __m256 g = ld_part(dy, o + full, cnt, n - o - full, half);
-            __m256 v = ld_part(x, o + full, cnt, n - o - full, half);
-            st_part(dx, o + full, gapply_ps(g, v, tm, tl, ta, tb, tc), cnt, half);
+            __m256 g = ld_part(dy, o + full, cnt, n - o - full, dt);
+            __m256 v = ld_part(x, o + full, cnt, n - o - full, dt);
+            st_part(dx, o + full, gapply_ps(g, v, tm, tl, ta, tb, tc), cnt, dt);
         }
     }
 }
@@ -1052,7 +1083,7 @@ INLINE int rows_stream_ok(const float *out, int64_t w)
     return ((uintptr_t)out & 15) == 0 && (w & 3) == 0 && w >= 16;
 }
 
-/* ---- fused activations (f32 and f16 tensors) ----
+/* ---- fused activations (f32, f16 and bf16 tensors) ----
  * exp as in Cephes' expf: e^x = 2^k e^r with k = round(x / ln 2), r = x - k ln 2
  * formed in two FMA steps (ln 2 = C1 + C2, C1 with few bits so k * C1 is
  * exact), e^r by a degree-6 polynomial on |r| <= ln 2 / 2, 2^k put into the
@@ -1210,50 +1241,50 @@ INLINE void col_params_ps(const float *const *v, int k, int64_t j, __m256 *out)
  * tensors whose output is 16-byte aligned at every vector, as the plain
  * *_nt kernels write when the router asks for streaming); tails use regular
  * stores. */
-INLINE void st8_out(void *p, int64_t i, __m256 v, int half, int nt)
+INLINE void st8_out(void *p, int64_t i, __m256 v, int dt, int nt)
 {
     if (nt) st8_nt((float *)p + i, v);
-    else st8(p, i, v, half);
+    else st8(p, i, v, dt);
 }
 
 /* Streaming for a fused call: asked for, float storage, and every vector of
  * the outputs 16-byte aligned (rows: whole rows of a multiple of 4). */
-INLINE int fused_nt(int stream, int half, const void *out, const void *out2, int64_t w)
+INLINE int fused_nt(int stream, int dt, const void *out, const void *out2, int64_t w)
 {
-    return stream && !half && ((uintptr_t)out & 15) == 0 && ((uintptr_t)out2 & 15) == 0 && (w & 3) == 0;
+    return stream && !dt && ((uintptr_t)out & 15) == 0 && ((uintptr_t)out2 & 15) == 0 && (w & 3) == 0;
 }
 
 /* ---- forward: y = act(pre + side) ---- */
 
 /* q: mhi, mlo, alpha, beta of even 8-blocks, then of odd blocks */
 INLINE void fapply_flat_ps(const void *x, const void *side, void *y, int64_t n, const __m256 *q, int kind, int hs,
-                           __m256 al, int half, int nt)
+                           __m256 al, int dt, int nt)
 {
     const __m256 z = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m256 x0 = ld8(x, i, half), x1 = ld8(x, i + 8, half);
-        __m256 s0 = hs ? ld8(side, i, half) : z, s1 = hs ? ld8(side, i + 8, half) : z;
-        st8_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), half, nt);
-        st8_out(y, i + 8, act_ps(fused_pre_ps(x1, s1, q + 4, hs), kind, al), half, nt);
+        __m256 x0 = ld8(x, i, dt), x1 = ld8(x, i + 8, dt);
+        __m256 s0 = hs ? ld8(side, i, dt) : z, s1 = hs ? ld8(side, i + 8, dt) : z;
+        st8_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
+        st8_out(y, i + 8, act_ps(fused_pre_ps(x1, s1, q + 4, hs), kind, al), dt, nt);
     }
     if (i + 8 <= n) {
-        __m256 x0 = ld8(x, i, half), s0 = hs ? ld8(side, i, half) : z;
-        st8_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), half, nt);
+        __m256 x0 = ld8(x, i, dt), s0 = hs ? ld8(side, i, dt) : z;
+        st8_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
         i += 8;
     }
     if (i < n) {
         const __m256 *r = q + 4 * ((i >> 3) & 1);
         int64_t cnt = n - i;
-        __m256 x0 = ld_part(x, i, cnt, cnt, half), s0 = hs ? ld_part(side, i, cnt, cnt, half) : z;
-        st_part(y, i, act_ps(fused_pre_ps(x0, s0, r, hs), kind, al), cnt, half);
+        __m256 x0 = ld_part(x, i, cnt, cnt, dt), s0 = hs ? ld_part(side, i, cnt, cnt, dt) : z;
+        st_part(y, i, act_ps(fused_pre_ps(x0, s0, r, hs), kind, al), cnt, dt);
     }
 }
 
 /* rows of a width that 16 does not divide: 8 columns at a time, a masked
  * tail at the same columns of every row */
 INLINE void fapply_rows_w_ps(const void *x, const void *side, void *y, int64_t rows, int64_t w,
-                             const cfbn_apply_f32 *p, int kind, int hs, __m256 al, int half, int nt)
+                             const cfbn_apply_f32 *p, int kind, int hs, __m256 al, int dt, int nt)
 {
     const float *const v[4] = {p->mhi, p->mlo, p->alpha, p->beta};
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
@@ -1265,35 +1296,35 @@ INLINE void fapply_rows_w_ps(const void *x, const void *side, void *y, int64_t r
         for (int64_t j = 0; j < full; j += 8) {
             __m256 q[4];
             col_params_ps(v, 4, j, q);
-            __m256 x0 = ld8(x, o + j, half), s0 = hs ? ld8(side, o + j, half) : z;
-            st8_out(y, o + j, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), half, nt);
+            __m256 x0 = ld8(x, o + j, dt), s0 = hs ? ld8(side, o + j, dt) : z;
+            st8_out(y, o + j, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
         }
         if (cnt) {
             const int64_t av = n - o - full;
-            __m256 x0 = ld_part(x, o + full, cnt, av, half), s0 = hs ? ld_part(side, o + full, cnt, av, half) : z;
-            st_part(y, o + full, act_ps(fused_pre_ps(x0, s0, t, hs), kind, al), cnt, half);
+            __m256 x0 = ld_part(x, o + full, cnt, av, dt), s0 = hs ? ld_part(side, o + full, cnt, av, dt) : z;
+            st_part(y, o + full, act_ps(fused_pre_ps(x0, s0, t, hs), kind, al), cnt, dt);
         }
     }
 }
 
-INLINE void fapply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int half)
+INLINE void fapply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
 {
-    const int nt = fused_nt(p->stream, half, y, y, 0);
+    const int nt = fused_nt(p->stream, dt, y, y, 0);
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]), al = _mm256_set1_ps(p->act_alpha);
     const __m256 q[8] = {m, l, a, b, m, l, a, b};
     const void *side = p->side;
 #define FAPPLY_RUN(k)                                                   \
-    if (side) fapply_flat_ps(x, side, y, n, q, k, 1, al, half, nt);     \
-    else fapply_flat_ps(x, NULL, y, n, q, k, 0, al, half, nt)
+    if (side) fapply_flat_ps(x, side, y, n, q, k, 1, al, dt, nt);     \
+    else fapply_flat_ps(x, NULL, y, n, q, k, 0, al, dt, nt)
     CFBN_ACT_SPECIALIZE(p->act, FAPPLY_RUN)
 #undef FAPPLY_RUN
     if (nt) _mm_sfence();
 }
 
-INLINE void fapply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int half)
+INLINE void fapply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
 {
-    const int nt = fused_nt(p->stream, half, y, y, w);
+    const int nt = fused_nt(p->stream, dt, y, y, w);
     if (w <= 0) return;
     const void *side = p->side;
     const __m256 al = _mm256_set1_ps(p->act_alpha);
@@ -1304,16 +1335,16 @@ INLINE void fapply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, cons
         lanes_ps(p->alpha, w, &q[2], &q[6]);
         lanes_ps(p->beta, w, &q[3], &q[7]);
 #define FAPPLY_FLAT(k)                                                          \
-    if (side) fapply_flat_ps(x, side, y, rows * w, q, k, 1, al, half, nt);      \
-    else fapply_flat_ps(x, NULL, y, rows * w, q, k, 0, al, half, nt)
+    if (side) fapply_flat_ps(x, side, y, rows * w, q, k, 1, al, dt, nt);      \
+    else fapply_flat_ps(x, NULL, y, rows * w, q, k, 0, al, dt, nt)
         CFBN_ACT_SPECIALIZE(p->act, FAPPLY_FLAT)
 #undef FAPPLY_FLAT
         if (nt) _mm_sfence();
         return;
     }
 #define FAPPLY_ROWS(k)                                                          \
-    if (side) fapply_rows_w_ps(x, side, y, rows, w, p, k, 1, al, half, nt);     \
-    else fapply_rows_w_ps(x, NULL, y, rows, w, p, k, 0, al, half, nt)
+    if (side) fapply_rows_w_ps(x, side, y, rows, w, p, k, 1, al, dt, nt);     \
+    else fapply_rows_w_ps(x, NULL, y, rows, w, p, k, 0, al, dt, nt)
     CFBN_ACT_SPECIALIZE(p->act, FAPPLY_ROWS)
 #undef FAPPLY_ROWS
     if (nt) _mm_sfence();
@@ -1323,25 +1354,25 @@ INLINE void fapply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, cons
 
 /* q: mhi, mlo, ya, yb of even 8-blocks, then of odd blocks */
 INLINE void fgstats_flat_ps(const void *dy, const void *x, const void *side, int64_t n, const __m256 *q, int kind,
-                            int hs, __m256 al, int half, acc8 *ea, acc8 *oa)
+                            int hs, __m256 al, int dt, acc8 *ea, acc8 *oa)
 {
     const __m256 z = _mm256_setzero_ps();
     acc8 a = acc8_zero(), b = acc8_zero();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        prefetch_ahead_of(x, i, half);
-        prefetch_ahead_of(dy, i, half);
-        __m256 x0 = ld8(x, i, half), x1 = ld8(x, i + 8, half);
-        __m256 s0 = hs ? ld8(side, i, half) : z, s1 = hs ? ld8(side, i + 8, half) : z;
-        __m256 g0 = fused_g_ps(ld8(dy, i, half), x0, s0, q, kind, hs, al);
-        __m256 g1 = fused_g_ps(ld8(dy, i + 8, half), x1, s1, q + 4, kind, hs, al);
+        prefetch_ahead_of(x, i, dt);
+        prefetch_ahead_of(dy, i, dt);
+        __m256 x0 = ld8(x, i, dt), x1 = ld8(x, i + 8, dt);
+        __m256 s0 = hs ? ld8(side, i, dt) : z, s1 = hs ? ld8(side, i + 8, dt) : z;
+        __m256 g0 = fused_g_ps(ld8(dy, i, dt), x0, s0, q, kind, hs, al);
+        __m256 g1 = fused_g_ps(ld8(dy, i + 8, dt), x1, s1, q + 4, kind, hs, al);
         gstats_step(&a, g0, centered_ps(x0, q[0], q[1]));
         gstats_step(&b, g1, centered_ps(x1, q[4], q[5]));
     }
     int odd = 0;
     if (i + 8 <= n) {
-        __m256 x0 = ld8(x, i, half), s0 = hs ? ld8(side, i, half) : z;
-        gstats_step(&a, fused_g_ps(ld8(dy, i, half), x0, s0, q, kind, hs, al), centered_ps(x0, q[0], q[1]));
+        __m256 x0 = ld8(x, i, dt), s0 = hs ? ld8(side, i, dt) : z;
+        gstats_step(&a, fused_g_ps(ld8(dy, i, dt), x0, s0, q, kind, hs, al), centered_ps(x0, q[0], q[1]));
         i += 8;
         odd = 1;
     }
@@ -1349,10 +1380,10 @@ INLINE void fgstats_flat_ps(const void *dy, const void *x, const void *side, int
         const __m256 *r = q + 4 * odd;
         int64_t cnt = n - i;
         __m256i mk = mask_ps(cnt);
-        __m256 x0 = ld_part(x, i, cnt, cnt, half), s0 = hs ? ld_part(side, i, cnt, cnt, half) : z;
+        __m256 x0 = ld_part(x, i, cnt, cnt, dt), s0 = hs ? ld_part(side, i, cnt, cnt, dt) : z;
         /* dead lanes: g and d are masked to 0, whatever the activation of
          * a zero pre-activation gives */
-        __m256 g = and_ps(fused_g_ps(ld_part(dy, i, cnt, cnt, half), x0, s0, r, kind, hs, al), mk);
+        __m256 g = and_ps(fused_g_ps(ld_part(dy, i, cnt, cnt, dt), x0, s0, r, kind, hs, al), mk);
         __m256 d = and_ps(centered_ps(x0, r[0], r[1]), mk);
         gstats_step(odd ? &b : &a, g, d);
     }
@@ -1374,12 +1405,12 @@ INLINE void acc8_add_to(const acc8 *a, double *s1, double *s2)
  * 8-column group's sums in registers, added to acc (2 w doubles, in L1)
  * once per block */
 INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, int64_t rows, int64_t w,
-                              const cfbn_grad_f32 *p, int kind, int hs, __m256 al, int half, double *acc)
+                              const cfbn_grad_f32 *p, int kind, int hs, __m256 al, int dt, double *acc)
 {
     const float *ya = yab_ps(p->ya, p), *yb = yab_ps(p->yb, p);
     const float *const v[4] = {p->mhi, p->mlo, ya, yb};
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
-    const size_t es = half ? 2 : 4;
+    const size_t es = dt ? 2 : 4;
     const __m256 z = _mm256_setzero_ps();
     const __m256i mk = mask_ps(cnt);
     __m256 t[4];
@@ -1399,16 +1430,16 @@ INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, i
             acc8 c = acc8_zero();
             for (int64_t k = 0; k < kr; k++) {
                 const int64_t e = o + k * w + j;
-                __m256 x0 = ld8(x, e, half), s0 = hs ? ld8(side, e, half) : z;
-                gstats_step(&c, fused_g_ps(ld8(dy, e, half), x0, s0, q, kind, hs, al), centered_ps(x0, q[0], q[1]));
+                __m256 x0 = ld8(x, e, dt), s0 = hs ? ld8(side, e, dt) : z;
+                gstats_step(&c, fused_g_ps(ld8(dy, e, dt), x0, s0, q, kind, hs, al), centered_ps(x0, q[0], q[1]));
             }
             acc8_add_to(&c, acc + j, acc + w + j);
         }
         if (cnt) {
             for (int64_t k = 0; k < kr; k++) {
                 const int64_t e = o + k * w + full, av = n - e;
-                __m256 x0 = ld_part(x, e, cnt, av, half), s0 = hs ? ld_part(side, e, cnt, av, half) : z;
-                __m256 g = and_ps(fused_g_ps(ld_part(dy, e, cnt, av, half), x0, s0, t, kind, hs, al), mk);
+                __m256 x0 = ld_part(x, e, cnt, av, dt), s0 = hs ? ld_part(side, e, cnt, av, dt) : z;
+                __m256 g = and_ps(fused_g_ps(ld_part(dy, e, cnt, av, dt), x0, s0, t, kind, hs, al), mk);
                 gstats_step(&ta, g, and_ps(centered_ps(x0, t[0], t[1]), mk));
             }
         }
@@ -1424,15 +1455,15 @@ INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, i
  * (needs_double) is summed again one element at a time, g recomputed with
  * bn_math.h's formulas. */
 COLD void fgstats_column_pd(const void *dy, const void *x, int64_t rows, int64_t w, int64_t j,
-                            const cfbn_grad_f32 *p, int64_t c, double *s1, double *s2, int half)
+                            const cfbn_grad_f32 *p, int64_t c, double *s1, double *s2, int dt)
 {
     const void *side = p->side;
     float mhi = p->mhi[c], mlo = p->mlo[c], ya = p->ya[c], yb = p->yb[c];
     double a = 0.0, b = 0.0;
     for (int64_t r = 0; r < rows && b == b; r++) {
         int64_t i = r * w + j;
-        float xv = ld1(x, i, half), sv = side ? ld1(side, i, half) : 0.0f;
-        float g = cfbn_fused_g_f(p->act, p->act_alpha, ld1(dy, i, half), xv, side != NULL, sv, mhi, mlo, ya, yb);
+        float xv = ld1(x, i, dt), sv = side ? ld1(side, i, dt) : 0.0f;
+        float g = cfbn_fused_g_f(p->act, p->act_alpha, ld1(dy, i, dt), xv, side != NULL, sv, mhi, mlo, ya, yb);
         float d = (xv - mhi) - mlo;
         a += (double)g;
         b += (double)g * (double)d;
@@ -1442,21 +1473,21 @@ COLD void fgstats_column_pd(const void *dy, const void *x, int64_t rows, int64_t
 }
 
 INLINE void fgstats_redo_columns(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                                 double *acc, int half)
+                                 double *acc, int dt)
 {
     for (int64_t j = 0; j < w; j++) {
         int redo = needs_double(acc[j], acc[w + j], (double)rows, fabs(p->mhi[j]),
                                 finite_f(p->mhi[j]) && finite_f(p->mlo[j]));
-        if (redo) fgstats_column_pd(dy, x, rows, w, j, p, j, acc + j, acc + w + j, half);
+        if (redo) fgstats_column_pd(dy, x, rows, w, j, p, j, acc + j, acc + w + j, dt);
     }
 }
 
 /* rows of a multiple of 8 wider than 16 (gstats_rows8_ps with g for dy) */
 INLINE void fgstats_rows8_ps(const void *dy, const void *x, const void *side, int64_t rows, int64_t w,
-                             const cfbn_grad_f32 *p, int kind, int hs, __m256 al, int half, double *acc)
+                             const cfbn_grad_f32 *p, int kind, int hs, __m256 al, int dt, double *acc)
 {
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
-    const size_t es = half ? 2 : 4, rs = (size_t)w * es;
+    const size_t es = dt ? 2 : 4, rs = (size_t)w * es;
     const __m256 z = _mm256_setzero_ps();
     int64_t r = 0;
     for (; r + 8 <= rows; r += 8) {
@@ -1471,10 +1502,10 @@ INLINE void fgstats_rows8_ps(const void *dy, const void *x, const void *side, in
                                  _mm256_loadu_ps(p->ya + j), _mm256_loadu_ps(p->yb + j)};
             __m256 sg[4], sq[4];
             for (int k = 0; k < 4; k++) {
-                __m256 x0 = ld8(bx + 2 * k * rs, 0, half), x1 = ld8(bx + (2 * k + 1) * rs, 0, half);
-                __m256 s0 = hs ? ld8(bs + 2 * k * rs, 0, half) : z, s1 = hs ? ld8(bs + (2 * k + 1) * rs, 0, half) : z;
-                __m256 g0 = fused_g_ps(ld8(bd + 2 * k * rs, 0, half), x0, s0, q, kind, hs, al);
-                __m256 g1 = fused_g_ps(ld8(bd + (2 * k + 1) * rs, 0, half), x1, s1, q, kind, hs, al);
+                __m256 x0 = ld8(bx + 2 * k * rs, 0, dt), x1 = ld8(bx + (2 * k + 1) * rs, 0, dt);
+                __m256 s0 = hs ? ld8(bs + 2 * k * rs, 0, dt) : z, s1 = hs ? ld8(bs + (2 * k + 1) * rs, 0, dt) : z;
+                __m256 g0 = fused_g_ps(ld8(bd + 2 * k * rs, 0, dt), x0, s0, q, kind, hs, al);
+                __m256 g1 = fused_g_ps(ld8(bd + (2 * k + 1) * rs, 0, dt), x1, s1, q, kind, hs, al);
                 __m256 u0 = _mm256_sub_ps(x0, q[0]), u1 = _mm256_sub_ps(x1, q[0]);
                 sg[k] = _mm256_add_ps(g0, g1);
                 sq[k] = _mm256_fmadd_ps(g1, u1, _mm256_mul_ps(g0, u0));
@@ -1488,18 +1519,18 @@ INLINE void fgstats_rows8_ps(const void *dy, const void *x, const void *side, in
         for (int64_t j = 0; j < w; j += 8) {
             const __m256 q[4] = {_mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j),
                                  _mm256_loadu_ps(p->ya + j), _mm256_loadu_ps(p->yb + j)};
-            __m256 x0 = ld8(x, r * w + j, half), s0 = hs ? ld8(side, r * w + j, half) : z;
-            __m256 g = fused_g_ps(ld8(dy, r * w + j, half), x0, s0, q, kind, hs, al);
+            __m256 x0 = ld8(x, r * w + j, dt), s0 = hs ? ld8(side, r * w + j, dt) : z;
+            __m256 g = fused_g_ps(ld8(dy, r * w + j, dt), x0, s0, q, kind, hs, al);
             add_block(acc, w, j, g, _mm256_mul_ps(g, centered_ps(x0, q[0], q[1])));
         }
     }
-    if (any_suspect(acc, w, (double)rows)) fgstats_redo_columns(dy, x, rows, w, p, acc, half);
+    if (any_suspect(acc, w, (double)rows)) fgstats_redo_columns(dy, x, rows, w, p, acc, dt);
 }
 
 /* a run: 128-element stretches summed as gstats_flat_ps's tree, the rest by
  * fgstats_flat_ps's double steps */
 INLINE void fgstats_tree_ps(const void *dy, const void *x, const void *side, int64_t n, const __m256 *q, int kind,
-                            int hs, __m256 al, int half, double *acc)
+                            int hs, __m256 al, int dt, double *acc)
 {
     const __m256 z = _mm256_setzero_ps();
     acc8 a = acc8_zero(), b = acc8_zero(), e, o;
@@ -1509,22 +1540,22 @@ INLINE void fgstats_tree_ps(const void *dy, const void *x, const void *side, int
         for (int h = 0; h < 2; h++) {
             for (int k = 0; k < 8; k++) {
                 int64_t e0 = i + 16 * k + 8 * h;
-                __m256 x0 = ld8(x, e0, half), s0 = hs ? ld8(side, e0, half) : z;
-                g[k] = fused_g_ps(ld8(dy, e0, half), x0, s0, q, kind, hs, al);
+                __m256 x0 = ld8(x, e0, dt), s0 = hs ? ld8(side, e0, dt) : z;
+                g[k] = fused_g_ps(ld8(dy, e0, dt), x0, s0, q, kind, hs, al);
                 d[k] = _mm256_sub_ps(x0, q[0]);
             }
             gstats_tree_step(h ? &b : &a, g, d, q[1]);
         }
     }
-    fgstats_flat_ps((const char *)dy + (size_t)i * (half ? 2 : 4), (const char *)x + (size_t)i * (half ? 2 : 4),
-                    hs ? (const char *)side + (size_t)i * (half ? 2 : 4) : NULL, n - i, q, kind, hs, al, half, &e, &o);
+    fgstats_flat_ps((const char *)dy + (size_t)i * (dt ? 2 : 4), (const char *)x + (size_t)i * (dt ? 2 : 4),
+                    hs ? (const char *)side + (size_t)i * (dt ? 2 : 4) : NULL, n - i, q, kind, hs, al, dt, &e, &o);
     acc[0] = hsum_pd(_mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)),
                                    _mm256_add_pd(_mm256_add_pd(e.s1lo, e.s1hi), _mm256_add_pd(o.s1lo, o.s1hi))));
     acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)),
                                    _mm256_add_pd(_mm256_add_pd(e.s2lo, e.s2hi), _mm256_add_pd(o.s2lo, o.s2hi))));
 }
 
-INLINE void fgstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int half)
+INLINE void fgstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int dt)
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]), al = _mm256_set1_ps(p->act_alpha);
     __m256 a = _mm256_setzero_ps(), b = a;
@@ -1535,23 +1566,23 @@ INLINE void fgstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_
     const __m256 q[8] = {m, l, a, b, m, l, a, b};
     const void *side = p->side;
 #define FGSTATS_RUN(k)                                                          \
-    if (side) fgstats_tree_ps(dy, x, side, n, q, k, 1, al, half, acc);           \
-    else fgstats_tree_ps(dy, x, NULL, n, q, k, 0, al, half, acc)
+    if (side) fgstats_tree_ps(dy, x, side, n, q, k, 1, al, dt, acc);           \
+    else fgstats_tree_ps(dy, x, NULL, n, q, k, 0, al, dt, acc)
     CFBN_ACT_SPECIALIZE(p->act, FGSTATS_RUN)
 #undef FGSTATS_RUN
-    if (n >= 128 && run_needs_double(acc, n, p)) fgstats_column_pd(dy, x, n, 1, 0, p, 0, acc, acc + 1, half);
+    if (n >= 128 && run_needs_double(acc, n, p)) fgstats_column_pd(dy, x, n, 1, 0, p, 0, acc, acc + 1, dt);
 }
 
 INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                            double *acc, int half)
+                            double *acc, int dt)
 {
     if (w <= 0) return;
     const void *side = p->side;
     const __m256 al = _mm256_set1_ps(p->act_alpha);
     if (w % 8 == 0 && w > 16) {
 #define FGSTATS_ROWS8(k)                                                                \
-    if (side) fgstats_rows8_ps(dy, x, side, rows, w, p, k, 1, al, half, acc);           \
-    else fgstats_rows8_ps(dy, x, NULL, rows, w, p, k, 0, al, half, acc)
+    if (side) fgstats_rows8_ps(dy, x, side, rows, w, p, k, 1, al, dt, acc);           \
+    else fgstats_rows8_ps(dy, x, NULL, rows, w, p, k, 0, al, dt, acc)
         CFBN_ACT_SPECIALIZE(p->act, FGSTATS_ROWS8)
 #undef FGSTATS_ROWS8
         return;
@@ -1568,8 +1599,8 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
         }
         acc8 e, o;
 #define FGSTATS_FLAT(k)                                                                 \
-    if (side) fgstats_flat_ps(dy, x, side, rows * w, q, k, 1, al, half, &e, &o);        \
-    else fgstats_flat_ps(dy, x, NULL, rows * w, q, k, 0, al, half, &e, &o)
+    if (side) fgstats_flat_ps(dy, x, side, rows * w, q, k, 1, al, dt, &e, &o);        \
+    else fgstats_flat_ps(dy, x, NULL, rows * w, q, k, 0, al, dt, &e, &o)
         CFBN_ACT_SPECIALIZE(p->act, FGSTATS_FLAT)
 #undef FGSTATS_FLAT
         acc8_store(&e, s1, s2);
@@ -1579,8 +1610,8 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
         return;
     }
 #define FGSTATS_ROWS(k)                                                                 \
-    if (side) fgstats_rows_w_ps(dy, x, side, rows, w, p, k, 1, al, half, acc);          \
-    else fgstats_rows_w_ps(dy, x, NULL, rows, w, p, k, 0, al, half, acc)
+    if (side) fgstats_rows_w_ps(dy, x, side, rows, w, p, k, 1, al, dt, acc);          \
+    else fgstats_rows_w_ps(dy, x, NULL, rows, w, p, k, 0, al, dt, acc)
     CFBN_ACT_SPECIALIZE(p->act, FGSTATS_ROWS)
 #undef FGSTATS_ROWS
 }
@@ -1589,41 +1620,41 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
 
 /* q: mhi, mlo, ya, yb, a, b, c of even 8-blocks, then of odd blocks */
 INLINE void fgapply_flat_ps(const void *dy, const void *x, const void *side, void *dx, void *sg, int64_t n,
-                            const __m256 *q, int kind, int hs, __m256 al, int half, int nt)
+                            const __m256 *q, int kind, int hs, __m256 al, int dt, int nt)
 {
     const __m256 z = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m256 x0 = ld8(x, i, half), x1 = ld8(x, i + 8, half);
-        __m256 s0 = hs ? ld8(side, i, half) : z, s1 = hs ? ld8(side, i + 8, half) : z;
-        __m256 g0 = fused_g_ps(ld8(dy, i, half), x0, s0, q, kind, hs, al);
-        __m256 g1 = fused_g_ps(ld8(dy, i + 8, half), x1, s1, q + 7, kind, hs, al);
+        __m256 x0 = ld8(x, i, dt), x1 = ld8(x, i + 8, dt);
+        __m256 s0 = hs ? ld8(side, i, dt) : z, s1 = hs ? ld8(side, i + 8, dt) : z;
+        __m256 g0 = fused_g_ps(ld8(dy, i, dt), x0, s0, q, kind, hs, al);
+        __m256 g1 = fused_g_ps(ld8(dy, i + 8, dt), x1, s1, q + 7, kind, hs, al);
         if (sg) {
-            st8_out(sg, i, g0, half, nt);
-            st8_out(sg, i + 8, g1, half, nt);
+            st8_out(sg, i, g0, dt, nt);
+            st8_out(sg, i + 8, g1, dt, nt);
         }
-        st8_out(dx, i, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), half, nt);
-        st8_out(dx, i + 8, gapply_ps(g1, x1, q[7], q[8], q[11], q[12], q[13]), half, nt);
+        st8_out(dx, i, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), dt, nt);
+        st8_out(dx, i + 8, gapply_ps(g1, x1, q[7], q[8], q[11], q[12], q[13]), dt, nt);
     }
     if (i + 8 <= n) {
-        __m256 x0 = ld8(x, i, half), s0 = hs ? ld8(side, i, half) : z;
-        __m256 g0 = fused_g_ps(ld8(dy, i, half), x0, s0, q, kind, hs, al);
-        if (sg) st8_out(sg, i, g0, half, nt);
-        st8_out(dx, i, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), half, nt);
+        __m256 x0 = ld8(x, i, dt), s0 = hs ? ld8(side, i, dt) : z;
+        __m256 g0 = fused_g_ps(ld8(dy, i, dt), x0, s0, q, kind, hs, al);
+        if (sg) st8_out(sg, i, g0, dt, nt);
+        st8_out(dx, i, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), dt, nt);
         i += 8;
     }
     if (i < n) {
         const __m256 *r = q + 7 * ((i >> 3) & 1);
         int64_t cnt = n - i;
-        __m256 x0 = ld_part(x, i, cnt, cnt, half), s0 = hs ? ld_part(side, i, cnt, cnt, half) : z;
-        __m256 g0 = fused_g_ps(ld_part(dy, i, cnt, cnt, half), x0, s0, r, kind, hs, al);
-        if (sg) st_part(sg, i, g0, cnt, half);
-        st_part(dx, i, gapply_ps(g0, x0, r[0], r[1], r[4], r[5], r[6]), cnt, half);
+        __m256 x0 = ld_part(x, i, cnt, cnt, dt), s0 = hs ? ld_part(side, i, cnt, cnt, dt) : z;
+        __m256 g0 = fused_g_ps(ld_part(dy, i, cnt, cnt, dt), x0, s0, r, kind, hs, al);
+        if (sg) st_part(sg, i, g0, cnt, dt);
+        st_part(dx, i, gapply_ps(g0, x0, r[0], r[1], r[4], r[5], r[6]), cnt, dt);
     }
 }
 
 INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, void *dx, void *sg, int64_t rows,
-                              int64_t w, const cfbn_grad_f32 *p, int kind, int hs, __m256 al, int half, int nt)
+                              int64_t w, const cfbn_grad_f32 *p, int kind, int hs, __m256 al, int dt, int nt)
 {
     const float *ya = yab_ps(p->ya, p), *yb = yab_ps(p->yb, p);
     const float *const v[7] = {p->mhi, p->mlo, ya, yb, p->a, p->b, p->c};
@@ -1636,24 +1667,24 @@ INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, v
         for (int64_t j = 0; j < full; j += 8) {
             __m256 q[7];
             col_params_ps(v, 7, j, q);
-            __m256 x0 = ld8(x, o + j, half), s0 = hs ? ld8(side, o + j, half) : z;
-            __m256 g0 = fused_g_ps(ld8(dy, o + j, half), x0, s0, q, kind, hs, al);
-            if (sg) st8_out(sg, o + j, g0, half, nt);
-            st8_out(dx, o + j, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), half, nt);
+            __m256 x0 = ld8(x, o + j, dt), s0 = hs ? ld8(side, o + j, dt) : z;
+            __m256 g0 = fused_g_ps(ld8(dy, o + j, dt), x0, s0, q, kind, hs, al);
+            if (sg) st8_out(sg, o + j, g0, dt, nt);
+            st8_out(dx, o + j, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), dt, nt);
         }
         if (cnt) {
             const int64_t e = o + full, av = n - e;
-            __m256 x0 = ld_part(x, e, cnt, av, half), s0 = hs ? ld_part(side, e, cnt, av, half) : z;
-            __m256 g0 = fused_g_ps(ld_part(dy, e, cnt, av, half), x0, s0, t, kind, hs, al);
-            if (sg) st_part(sg, e, g0, cnt, half);
-            st_part(dx, e, gapply_ps(g0, x0, t[0], t[1], t[4], t[5], t[6]), cnt, half);
+            __m256 x0 = ld_part(x, e, cnt, av, dt), s0 = hs ? ld_part(side, e, cnt, av, dt) : z;
+            __m256 g0 = fused_g_ps(ld_part(dy, e, cnt, av, dt), x0, s0, t, kind, hs, al);
+            if (sg) st_part(sg, e, g0, cnt, dt);
+            st_part(dx, e, gapply_ps(g0, x0, t[0], t[1], t[4], t[5], t[6]), cnt, dt);
         }
     }
 }
 
-INLINE void fgapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int half)
+INLINE void fgapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
-    const int nt = fused_nt(p->stream, half, dx, p->side_grad ? p->side_grad : dx, 0);
+    const int nt = fused_nt(p->stream, dt, dx, p->side_grad ? p->side_grad : dx, 0);
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]), al = _mm256_set1_ps(p->act_alpha);
     __m256 ya = _mm256_setzero_ps(), yb = ya;
     if (p->act != CFBN_ACT_NONE) {
@@ -1665,17 +1696,17 @@ INLINE void fgapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, c
     const void *side = p->side;
     void *sg = p->side_grad;
 #define FGAPPLY_RUN(k)                                                          \
-    if (side) fgapply_flat_ps(dy, x, side, dx, sg, n, q, k, 1, al, half, nt);   \
-    else fgapply_flat_ps(dy, x, NULL, dx, sg, n, q, k, 0, al, half, nt)
+    if (side) fgapply_flat_ps(dy, x, side, dx, sg, n, q, k, 1, al, dt, nt);   \
+    else fgapply_flat_ps(dy, x, NULL, dx, sg, n, q, k, 0, al, dt, nt)
     CFBN_ACT_SPECIALIZE(p->act, FGAPPLY_RUN)
 #undef FGAPPLY_RUN
     if (nt) _mm_sfence();
 }
 
 INLINE void fgapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                            int half)
+                            int dt)
 {
-    const int nt = fused_nt(p->stream, half, dx, p->side_grad ? p->side_grad : dx, w);
+    const int nt = fused_nt(p->stream, dt, dx, p->side_grad ? p->side_grad : dx, w);
     if (w <= 0) return;
     const void *side = p->side;
     void *sg = p->side_grad;
@@ -1693,85 +1724,19 @@ INLINE void fgapply_rows_ps(const void *dy, const void *x, void *dx, int64_t row
         lanes_ps(p->b, w, &q[5], &q[12]);
         lanes_ps(p->c, w, &q[6], &q[13]);
 #define FGAPPLY_FLAT(k)                                                                 \
-    if (side) fgapply_flat_ps(dy, x, side, dx, sg, rows * w, q, k, 1, al, half, nt);    \
-    else fgapply_flat_ps(dy, x, NULL, dx, sg, rows * w, q, k, 0, al, half, nt)
+    if (side) fgapply_flat_ps(dy, x, side, dx, sg, rows * w, q, k, 1, al, dt, nt);    \
+    else fgapply_flat_ps(dy, x, NULL, dx, sg, rows * w, q, k, 0, al, dt, nt)
         CFBN_ACT_SPECIALIZE(p->act, FGAPPLY_FLAT)
 #undef FGAPPLY_FLAT
         if (nt) _mm_sfence();
         return;
     }
 #define FGAPPLY_ROWS(k)                                                                 \
-    if (side) fgapply_rows_w_ps(dy, x, side, dx, sg, rows, w, p, k, 1, al, half, nt);   \
-    else fgapply_rows_w_ps(dy, x, NULL, dx, sg, rows, w, p, k, 0, al, half, nt)
+    if (side) fgapply_rows_w_ps(dy, x, side, dx, sg, rows, w, p, k, 1, al, dt, nt);   \
+    else fgapply_rows_w_ps(dy, x, NULL, dx, sg, rows, w, p, k, 0, al, dt, nt)
     CFBN_ACT_SPECIALIZE(p->act, FGAPPLY_ROWS)
 #undef FGAPPLY_ROWS
     if (nt) _mm_sfence();
-}
-
-static void apply_run_fused_f32(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)
-{
-    fapply_run_ps(x, y, n, p, 0);
-}
-
-static void apply_rows_fused_f32(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
-{
-    fapply_rows_ps(x, y, rows, w, p, 0);
-}
-
-static void gstats_run_fused_f32(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
-{
-    fgstats_run_ps(dy, x, n, p, acc, 0);
-}
-
-static void gstats_rows_fused_f32(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                                  double *acc)
-{
-    fgstats_rows_ps(dy, x, rows, w, p, acc, 0);
-}
-
-static void gapply_run_fused_f32(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
-{
-    fgapply_run_ps(dy, x, dx, n, p, 0);
-}
-
-static void gapply_rows_fused_f32(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
-                                  const cfbn_grad_f32 *p)
-{
-    fgapply_rows_ps(dy, x, dx, rows, w, p, 0);
-}
-
-static void apply_run_fused_f16(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)
-{
-    fapply_run_ps(x, y, n, p, 1);
-}
-
-static void apply_rows_fused_f16(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
-{
-    fapply_rows_ps(x, y, rows, w, p, 1);
-}
-
-static void gstats_run_fused_f16(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p,
-                                 double *acc)
-{
-    fgstats_run_ps(dy, x, n, p, acc, 1);
-}
-
-static void gstats_rows_fused_f16(const void *dy, const void *x, int64_t rows, int64_t w,
-                                  const cfbn_grad_f32 *p, double *acc)
-{
-    fgstats_rows_ps(dy, x, rows, w, p, acc, 1);
-}
-
-static void gapply_run_fused_f16(const void *dy, const void *x, void *dx, int64_t n,
-                                 const cfbn_grad_f32 *p)
-{
-    fgapply_run_ps(dy, x, dx, n, p, 1);
-}
-
-static void gapply_rows_fused_f16(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
-                                  const cfbn_grad_f32 *p)
-{
-    fgapply_rows_ps(dy, x, dx, rows, w, p, 1);
 }
 
 /* Several runs of one channel (cfbn.h: runs, stride) in one call, without the
@@ -1865,61 +1830,11 @@ static void gapply_runs_f32(const void *dy_, const void *x_, void *dx_, int64_t 
     }
 }
 
-/* ---- float32 and float16 entries ---- */
+/* ---- float32, float16 and bfloat16 entries ---- */
 
-static void stats_run_f32(const void *x, int64_t n, double shift, double *acc) { stats_run_ps(x, n, shift, acc, 0); }
-static void stats_rows_f32(const void *x, int64_t rows, int64_t w, const double *shift, double *acc)
-{
-    stats_rows_ps(x, rows, w, shift, acc, 0);
-}
-static void apply_run_f32(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p) { apply_run_ps(x, y, n, p, 0); }
-static void apply_rows_f32(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
-{
-    apply_rows_ps(x, y, rows, w, p, 0);
-}
-static void gstats_run_f32(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
-{
-    gstats_run_ps(dy, x, n, p, acc, 0);
-}
-static void gstats_rows_f32(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
-{
-    gstats_rows_ps(dy, x, rows, w, p, acc, 0);
-}
-static void gapply_run_f32(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
-{
-    gapply_run_ps(dy, x, dx, n, p, 0);
-}
-static void gapply_rows_f32(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
-{
-    gapply_rows_ps(dy, x, dx, rows, w, p, 0);
-}
-
-static void stats_run_f16(const void *x, int64_t n, double shift, double *acc) { stats_run_ps(x, n, shift, acc, 1); }
-static void stats_rows_f16(const void *x, int64_t rows, int64_t w, const double *shift, double *acc)
-{
-    stats_rows_ps(x, rows, w, shift, acc, 1);
-}
-static void apply_run_f16(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p) { apply_run_ps(x, y, n, p, 1); }
-static void apply_rows_f16(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
-{
-    apply_rows_ps(x, y, rows, w, p, 1);
-}
-static void gstats_run_f16(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
-{
-    gstats_run_ps(dy, x, n, p, acc, 1);
-}
-static void gstats_rows_f16(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
-{
-    gstats_rows_ps(dy, x, rows, w, p, acc, 1);
-}
-static void gapply_run_f16(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
-{
-    gapply_run_ps(dy, x, dx, n, p, 1);
-}
-static void gapply_rows_f16(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
-{
-    gapply_rows_ps(dy, x, dx, rows, w, p, 1);
-}
+CFBN_FLOAT_ENTRIES(f32, CFBN_F32, ps)
+CFBN_FLOAT_ENTRIES(f16, CFBN_F16, ps)
+CFBN_FLOAT_ENTRIES(bf16, CFBN_BF16, ps)
 
 /* ---- float64: 4 lanes; flat streams alternate two parameter sets over
  * 4-element blocks, so widths dividing 8 see whole columns per lane ---- */
@@ -2325,26 +2240,17 @@ static void gapply_rows_f64(const void *dy_, const void *x_, void *dx_, int64_t 
 const cfbn_kernels cfbn_kernels_avx2 = {
     .name = "avx2",
     .f32 = {
-        stats_run_f32, stats_rows_f32, apply_run_f32, apply_rows_f32,
-        gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
+        CFBN_FLOAT_TABLE(f32),
         .apply_runs = apply_runs_f32, .gstats_runs = gstats_runs_f32, .gapply_runs = gapply_runs_f32,
         .apply_run_stream = apply_run_f32_nt, .apply_rows_stream = apply_rows_f32_nt,
         .gapply_run_stream = gapply_run_f32_nt, .gapply_rows_stream = gapply_rows_f32_nt,
-        .apply_run_fused = apply_run_fused_f32, .apply_rows_fused = apply_rows_fused_f32,
-        .gstats_run_fused = gstats_run_fused_f32, .gstats_rows_fused = gstats_rows_fused_f32,
-        .gapply_run_fused = gapply_run_fused_f32, .gapply_rows_fused = gapply_rows_fused_f32,
     },
     .f64 = {
         stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
         gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
     },
-    .f16 = {
-        stats_run_f16, stats_rows_f16, apply_run_f16, apply_rows_f16,
-        gstats_run_f16, gstats_rows_f16, gapply_run_f16, gapply_rows_f16,
-        .apply_run_fused = apply_run_fused_f16, .apply_rows_fused = apply_rows_fused_f16,
-        .gstats_run_fused = gstats_run_fused_f16, .gstats_rows_fused = gstats_rows_fused_f16,
-        .gapply_run_fused = gapply_run_fused_f16, .gapply_rows_fused = gapply_rows_fused_f16,
-    },
+    .f16 = { CFBN_FLOAT_TABLE(f16) },
+    .bf16 = { CFBN_FLOAT_TABLE(bf16) },
 };
 
 #endif

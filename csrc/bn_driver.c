@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "cfbn.h"
-#include "half.h"
+#include "storage.h"
 #include "bn_route.h"
 #include "bn_runs.h"
 #include "bn_math.h"
@@ -41,18 +41,11 @@
 /* Bound on the per-piece partial sums kept for channels-last reductions. */
 #define MAX_PARTIAL_DOUBLES (1 << 19)
 
-static size_t elem_size(int dtype)
-{
-    return dtype == CFBN_F64 ? 8 : dtype == CFBN_F16 ? 2 : 4;
-}
+static size_t elem_size(int dtype) { return cfbn_storage_size(dtype); }
 
 static double elem_get(const void *p, int dtype, int64_t i)
 {
-    switch (dtype) {
-    case CFBN_F64: return ((const double *)p)[i];
-    case CFBN_F16: return (double)cfbn_half_to_float(((const uint16_t *)p)[i]);
-    default: return (double)((const float *)p)[i];
-    }
+    return dtype == CFBN_F64 ? ((const double *)p)[i] : (double)cfbn_load_float(dtype, p, i);
 }
 
 /* Per-channel vectors are double for f64 tensors and float otherwise. */
@@ -203,7 +196,7 @@ static void piece_bounds(const plan *p, int64_t g, int64_t *lo, int64_t *hi)
 
 /* ---- kernel calls by dtype ---- */
 
-/* Per-channel parameters in the compute type (float for f32 and f16, double
+/* Per-channel parameters in the compute type (float for f32, f16 and bf16, double
  * for f64), stored as k arrays of length len each. */
 typedef struct {
     int dtype;

@@ -1,16 +1,18 @@
 /* NEON kernels for the aarch64 baseline (Advanced SIMD and the half <-> float
- * conversions are architectural there, so no feature test is needed).  Same
- * contracts as bn_scalar.c; everything static except the table.
+ * conversions are architectural there, so no feature test is needed; bfloat16
+ * is converted by integer shifts, so ARMv8.6's BFCVT is not needed either).
+ * Same contracts as bn_scalar.c; everything static except the table.
  *
- * f32 and f16 share their bodies (a constant `half` flag that always_inline
- * folds away); f64 has its own.  Rows kernels whose width divides the stream
+ * f32, f16 and bf16 share their bodies (a constant `dt`, the storage type,
+ * that always_inline folds away; bn_entries.h makes the entries); f64 has
+ * its own.  Rows kernels whose width divides the stream
  * period (8 floats, 4 doubles) run as one flat stream with per-lane
  * parameters, because then every lane always sees the same column; other
  * widths go row by row with a partial block at the end of each row.
  *
  * Fused activations: relu, relu6 and leaky relu by max/min/select; elu,
  * sigmoid, tanh and silu through exp_s, a Cephes-style expf.  For float and
- * half tensors they run inside the vector loops of the *_fused entries;
+ * 2-byte tensors they run inside the vector loops of the *_fused entries;
  * float64 tensors take the routing layer's fallback (these plain kernels
  * over L1-sized blocks, bn_math.h's libm formulas). */
 #include "cfbn.h"
@@ -21,7 +23,8 @@
 #include <string.h>
 
 #include "bn_act.h"
-#include "half.h"
+#include "bn_entries.h"
+#include "storage.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -50,43 +53,66 @@ INLINE float64x2_t and_d(float64x2_t v, uint64x2_t m)
     return vreinterpretq_f64_u64(vandq_u64(vreinterpretq_u64_f64(v), m));
 }
 
-/* ---- f32 / f16 element access (4 lanes of float) ---- */
+/* ---- element access: 4 lanes of float; dt is the tensor's storage
+ * (CFBN_F32, CFBN_F16, CFBN_BF16) ---- */
 
-INLINE float32x4_t ld4(const void *p, int64_t i, int half)
+/* 4 halfwords -> 4 floats */
+INLINE float32x4_t widen_h(uint16x4_t h, int dt)
 {
-    if (half) return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)p + i)));
+    if (dt == CFBN_BF16) return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
+    return vcvt_f32_f16(vreinterpret_f16_u16(h));
+}
+
+/* 4 floats -> 4 halfwords, to nearest even.  bfloat16: add 0x7fff plus the
+ * kept lsb and drop the low half (a carry rounds up into the exponent, to
+ * inf past the largest finite value); nan is made quiet instead, so that
+ * rounding never turns it into inf. */
+INLINE uint16x4_t narrow_h(float32x4_t v, int dt)
+{
+    if (dt != CFBN_BF16) return vreinterpret_u16_f16(vcvt_f16_f32(v));
+    uint32x4_t b = vreinterpretq_u32_f32(v);
+    uint32x4_t lsb = vandq_u32(vshrq_n_u32(b, 16), vdupq_n_u32(1));
+    uint32x4_t r = vaddq_u32(b, vaddq_u32(lsb, vdupq_n_u32(0x7fff)));
+    uint32x4_t num = vceqq_f32(v, v);
+    r = vbslq_u32(num, r, vorrq_u32(b, vdupq_n_u32(0x400000)));
+    return vshrn_n_u32(r, 16);
+}
+
+INLINE float32x4_t ld4(const void *p, int64_t i, int dt)
+{
+    if (dt) return widen_h(vld1_u16((const uint16_t *)p + i), dt);
     return vld1q_f32((const float *)p + i);
 }
 
 /* The first cnt (1..3) elements at p[i], zero in the other lanes.  avail is
  * how many elements p[i..] holds: nothing past it is read, so a slice that
  * ends at a page boundary never faults. */
-INLINE float32x4_t ld_part(const void *p, int64_t i, int64_t cnt, int64_t avail, int half)
+INLINE float32x4_t ld_part(const void *p, int64_t i, int64_t cnt, int64_t avail, int dt)
 {
-    if (avail >= 4) return and_s(ld4(p, i, half), mask_s(cnt));
-    if (half) {
+    if (avail >= 4) return and_s(ld4(p, i, dt), mask_s(cnt));
+    if (dt) {
         uint16_t buf[4] = {0};
         memcpy(buf, (const uint16_t *)p + i, (size_t)cnt * sizeof *buf);
-        return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(buf)));
+        return widen_h(vld1_u16(buf), dt);
     }
     float buf[4] = {0};
     memcpy(buf, (const float *)p + i, (size_t)cnt * sizeof *buf);
     return vld1q_f32(buf);
 }
 
-INLINE void st4(void *p, int64_t i, float32x4_t v, int half)
+INLINE void st4(void *p, int64_t i, float32x4_t v, int dt)
 {
-    if (half) vst1_u16((uint16_t *)p + i, vreinterpret_u16_f16(vcvt_f16_f32(v)));
+    if (dt) vst1_u16((uint16_t *)p + i, narrow_h(v, dt));
     else vst1q_f32((float *)p + i, v);
 }
 
 /* Writes exactly cnt (1..3) elements: a neighbouring element may belong to
  * another thread's piece (or be the next row's input when y aliases x). */
-INLINE void st_part(void *p, int64_t i, float32x4_t v, int64_t cnt, int half)
+INLINE void st_part(void *p, int64_t i, float32x4_t v, int64_t cnt, int dt)
 {
-    if (half) {
+    if (dt) {
         uint16_t buf[4];
-        vst1_u16(buf, vreinterpret_u16_f16(vcvt_f16_f32(v)));
+        vst1_u16(buf, narrow_h(v, dt));
         memcpy((uint16_t *)p + i, buf, (size_t)cnt * sizeof *buf);
     } else {
         float buf[4];
@@ -179,27 +205,27 @@ static void fold_lanes(const double *lanes, int64_t period, int64_t w, double *a
     }
 }
 
-/* ---- f32 / f16 flat streams: 4-element blocks with an even index use the
+/* ---- float-compute flat streams: 4-element blocks with an even index use the
  * first parameter set, odd blocks the second ---- */
 
 /* sh: shift lanes lo, hi of even blocks, then of odd blocks */
-INLINE void stats_flat_s(const void *x, int64_t n, const float64x2_t *sh, int half, acc4 *ea, acc4 *oa)
+INLINE void stats_flat_s(const void *x, int64_t n, const float64x2_t *sh, int dt, acc4 *ea, acc4 *oa)
 {
     acc4 a0 = acc4_zero(), b0 = acc4_zero(), a1 = acc4_zero(), b1 = acc4_zero();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        stats_step(&a0, ld4(x, i, half), sh[0], sh[1]);
-        stats_step(&b0, ld4(x, i + 4, half), sh[2], sh[3]);
-        stats_step(&a1, ld4(x, i + 8, half), sh[0], sh[1]);
-        stats_step(&b1, ld4(x, i + 12, half), sh[2], sh[3]);
+        stats_step(&a0, ld4(x, i, dt), sh[0], sh[1]);
+        stats_step(&b0, ld4(x, i + 4, dt), sh[2], sh[3]);
+        stats_step(&a1, ld4(x, i + 8, dt), sh[0], sh[1]);
+        stats_step(&b1, ld4(x, i + 12, dt), sh[2], sh[3]);
     }
     for (; i + 4 <= n; i += 4) {
-        if ((i >> 2) & 1) stats_step(&b1, ld4(x, i, half), sh[2], sh[3]);
-        else stats_step(&a1, ld4(x, i, half), sh[0], sh[1]);
+        if ((i >> 2) & 1) stats_step(&b1, ld4(x, i, dt), sh[2], sh[3]);
+        else stats_step(&a1, ld4(x, i, dt), sh[0], sh[1]);
     }
     if (i < n) {
         int64_t cnt = n - i;
-        float32x4_t v = ld_part(x, i, cnt, cnt, half);
+        float32x4_t v = ld_part(x, i, cnt, cnt, dt);
         uint64x2_t mlo = mask_d(cnt, 0), mhi = mask_d(cnt, 1);
         /* dead lanes: x reads as 0 and the shift is masked to 0, so d = 0 */
         if ((i >> 2) & 1) stats_step(&b1, v, and_d(sh[2], mlo), and_d(sh[3], mhi));
@@ -210,24 +236,24 @@ INLINE void stats_flat_s(const void *x, int64_t n, const float64x2_t *sh, int ha
 }
 
 /* m: mhi, mlo of even blocks, then of odd blocks */
-INLINE void gstats_flat_s(const void *dy, const void *x, int64_t n, const float32x4_t *m, int half, acc4 *ea, acc4 *oa)
+INLINE void gstats_flat_s(const void *dy, const void *x, int64_t n, const float32x4_t *m, int dt, acc4 *ea, acc4 *oa)
 {
     acc4 a0 = acc4_zero(), b0 = acc4_zero(), a1 = acc4_zero(), b1 = acc4_zero();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        gstats_step(&a0, ld4(dy, i, half), centered_s(ld4(x, i, half), m[0], m[1]));
-        gstats_step(&b0, ld4(dy, i + 4, half), centered_s(ld4(x, i + 4, half), m[2], m[3]));
-        gstats_step(&a1, ld4(dy, i + 8, half), centered_s(ld4(x, i + 8, half), m[0], m[1]));
-        gstats_step(&b1, ld4(dy, i + 12, half), centered_s(ld4(x, i + 12, half), m[2], m[3]));
+        gstats_step(&a0, ld4(dy, i, dt), centered_s(ld4(x, i, dt), m[0], m[1]));
+        gstats_step(&b0, ld4(dy, i + 4, dt), centered_s(ld4(x, i + 4, dt), m[2], m[3]));
+        gstats_step(&a1, ld4(dy, i + 8, dt), centered_s(ld4(x, i + 8, dt), m[0], m[1]));
+        gstats_step(&b1, ld4(dy, i + 12, dt), centered_s(ld4(x, i + 12, dt), m[2], m[3]));
     }
     for (; i + 4 <= n; i += 4) {
-        if ((i >> 2) & 1) gstats_step(&b1, ld4(dy, i, half), centered_s(ld4(x, i, half), m[2], m[3]));
-        else gstats_step(&a1, ld4(dy, i, half), centered_s(ld4(x, i, half), m[0], m[1]));
+        if ((i >> 2) & 1) gstats_step(&b1, ld4(dy, i, dt), centered_s(ld4(x, i, dt), m[2], m[3]));
+        else gstats_step(&a1, ld4(dy, i, dt), centered_s(ld4(x, i, dt), m[0], m[1]));
     }
     if (i < n) {
         int64_t cnt = n - i;
         uint32x4_t mk = mask_s(cnt);
-        float32x4_t g = ld_part(dy, i, cnt, cnt, half), v = ld_part(x, i, cnt, cnt, half);
+        float32x4_t g = ld_part(dy, i, cnt, cnt, dt), v = ld_part(x, i, cnt, cnt, dt);
         /* dead lanes: dy = 0 and d = 0, so even an inf mean adds nothing */
         if ((i >> 2) & 1) gstats_step(&b1, g, centered_s(v, and_s(m[2], mk), and_s(m[3], mk)));
         else gstats_step(&a1, g, centered_s(v, and_s(m[0], mk), and_s(m[1], mk)));
@@ -237,46 +263,46 @@ INLINE void gstats_flat_s(const void *dy, const void *x, int64_t n, const float3
 }
 
 /* p: mhi, mlo, alpha, beta of even blocks, then of odd blocks */
-INLINE void apply_flat_s(const void *x, void *y, int64_t n, const float32x4_t *p, int half)
+INLINE void apply_flat_s(const void *x, void *y, int64_t n, const float32x4_t *p, int dt)
 {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        float32x4_t v0 = ld4(x, i, half), v1 = ld4(x, i + 4, half);
-        float32x4_t v2 = ld4(x, i + 8, half), v3 = ld4(x, i + 12, half);
-        st4(y, i, apply_s(v0, p[0], p[1], p[2], p[3]), half);
-        st4(y, i + 4, apply_s(v1, p[4], p[5], p[6], p[7]), half);
-        st4(y, i + 8, apply_s(v2, p[0], p[1], p[2], p[3]), half);
-        st4(y, i + 12, apply_s(v3, p[4], p[5], p[6], p[7]), half);
+        float32x4_t v0 = ld4(x, i, dt), v1 = ld4(x, i + 4, dt);
+        float32x4_t v2 = ld4(x, i + 8, dt), v3 = ld4(x, i + 12, dt);
+        st4(y, i, apply_s(v0, p[0], p[1], p[2], p[3]), dt);
+        st4(y, i + 4, apply_s(v1, p[4], p[5], p[6], p[7]), dt);
+        st4(y, i + 8, apply_s(v2, p[0], p[1], p[2], p[3]), dt);
+        st4(y, i + 12, apply_s(v3, p[4], p[5], p[6], p[7]), dt);
     }
     for (; i + 4 <= n; i += 4) {
         const float32x4_t *q = p + 4 * ((i >> 2) & 1);
-        st4(y, i, apply_s(ld4(x, i, half), q[0], q[1], q[2], q[3]), half);
+        st4(y, i, apply_s(ld4(x, i, dt), q[0], q[1], q[2], q[3]), dt);
     }
     if (i < n) {
         const float32x4_t *q = p + 4 * ((i >> 2) & 1);
-        st_part(y, i, apply_s(ld_part(x, i, n - i, n - i, half), q[0], q[1], q[2], q[3]), n - i, half);
+        st_part(y, i, apply_s(ld_part(x, i, n - i, n - i, dt), q[0], q[1], q[2], q[3]), n - i, dt);
     }
 }
 
 /* p: mhi, mlo, a, b, c of even blocks, then of odd blocks */
-INLINE void gapply_flat_s(const void *dy, const void *x, void *dx, int64_t n, const float32x4_t *p, int half)
+INLINE void gapply_flat_s(const void *dy, const void *x, void *dx, int64_t n, const float32x4_t *p, int dt)
 {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        float32x4_t g0 = ld4(dy, i, half), g1 = ld4(dy, i + 4, half);
-        float32x4_t v0 = ld4(x, i, half), v1 = ld4(x, i + 4, half);
-        st4(dx, i, gapply_s(g0, v0, p[0], p[1], p[2], p[3], p[4]), half);
-        st4(dx, i + 4, gapply_s(g1, v1, p[5], p[6], p[7], p[8], p[9]), half);
+        float32x4_t g0 = ld4(dy, i, dt), g1 = ld4(dy, i + 4, dt);
+        float32x4_t v0 = ld4(x, i, dt), v1 = ld4(x, i + 4, dt);
+        st4(dx, i, gapply_s(g0, v0, p[0], p[1], p[2], p[3], p[4]), dt);
+        st4(dx, i + 4, gapply_s(g1, v1, p[5], p[6], p[7], p[8], p[9]), dt);
     }
     if (i + 4 <= n) {
-        st4(dx, i, gapply_s(ld4(dy, i, half), ld4(x, i, half), p[0], p[1], p[2], p[3], p[4]), half);
+        st4(dx, i, gapply_s(ld4(dy, i, dt), ld4(x, i, dt), p[0], p[1], p[2], p[3], p[4]), dt);
         i += 4;
     }
     if (i < n) {
         const float32x4_t *q = p + 5 * ((i >> 2) & 1);
         int64_t cnt = n - i;
-        float32x4_t g = ld_part(dy, i, cnt, cnt, half), v = ld_part(x, i, cnt, cnt, half);
-        st_part(dx, i, gapply_s(g, v, q[0], q[1], q[2], q[3], q[4]), cnt, half);
+        float32x4_t g = ld_part(dy, i, cnt, cnt, dt), v = ld_part(x, i, cnt, cnt, dt);
+        st_part(dx, i, gapply_s(g, v, q[0], q[1], q[2], q[3], q[4]), cnt, dt);
     }
 }
 
@@ -314,20 +340,20 @@ INLINE void acc4_store_part(const acc4 *a, double *s1, double *s2, int64_t cnt)
     memcpy(s2, b2, (size_t)cnt * sizeof *b2);
 }
 
-/* ---- f32 / f16 kernel bodies ---- */
+/* ---- float-compute kernel bodies ---- */
 
-INLINE void stats_run_s(const void *x, int64_t n, double shift, double *acc, int half)
+INLINE void stats_run_s(const void *x, int64_t n, double shift, double *acc, int dt)
 {
     float64x2_t s = vdupq_n_f64(shift);
     const float64x2_t sh[4] = {s, s, s, s};
     acc4 a, b;
-    stats_flat_s(x, n, sh, half, &a, &b);
+    stats_flat_s(x, n, sh, dt, &a, &b);
     acc4 t = acc4_add(a, b);
     acc[0] = sum_acc_s1(t);
     acc[1] = sum_acc_s2(t);
 }
 
-INLINE void stats_rows_s(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int half)
+INLINE void stats_rows_s(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int dt)
 {
     if (w <= 0) return;
     if (8 % w == 0) {
@@ -335,7 +361,7 @@ INLINE void stats_rows_s(const void *x, int64_t rows, int64_t w, const double *s
         for (int l = 0; l < 8; l++) t[l] = shift[l % w];
         const float64x2_t sh[4] = {vld1q_f64(t), vld1q_f64(t + 2), vld1q_f64(t + 4), vld1q_f64(t + 6)};
         acc4 a, b;
-        stats_flat_s(x, rows * w, sh, half, &a, &b);
+        stats_flat_s(x, rows * w, sh, dt, &a, &b);
         acc4_store(&a, s1, s2);
         acc4_store(&b, s1 + 4, s2 + 4);
         fold_lanes(s1, 8, w, acc);
@@ -356,36 +382,36 @@ INLINE void stats_rows_s(const void *x, int64_t rows, int64_t w, const double *s
         for (int64_t j = 0; j < full; j += 4) {
             acc4 c = acc4_load(acc + j, acc + w + j);
             float64x2_t slo = vld1q_f64(shift + j), shi = vld1q_f64(shift + j + 2);
-            stats_step(&c, ld4(x, o0 + j, half), slo, shi);
-            stats_step(&c, ld4(x, o1 + j, half), slo, shi);
+            stats_step(&c, ld4(x, o0 + j, dt), slo, shi);
+            stats_step(&c, ld4(x, o1 + j, dt), slo, shi);
             acc4_store(&c, acc + j, acc + w + j);
         }
         if (cnt) {
-            stats_step(&t, ld_part(x, o0 + full, cnt, n - o0 - full, half), tlo, thi);
-            stats_step(&t, ld_part(x, o1 + full, cnt, n - o1 - full, half), tlo, thi);
+            stats_step(&t, ld_part(x, o0 + full, cnt, n - o0 - full, dt), tlo, thi);
+            stats_step(&t, ld_part(x, o1 + full, cnt, n - o1 - full, dt), tlo, thi);
         }
     }
     if (r < rows) {
         const int64_t o0 = r * w;
         for (int64_t j = 0; j < full; j += 4) {
             acc4 c = acc4_load(acc + j, acc + w + j);
-            stats_step(&c, ld4(x, o0 + j, half), vld1q_f64(shift + j), vld1q_f64(shift + j + 2));
+            stats_step(&c, ld4(x, o0 + j, dt), vld1q_f64(shift + j), vld1q_f64(shift + j + 2));
             acc4_store(&c, acc + j, acc + w + j);
         }
-        if (cnt) stats_step(&t, ld_part(x, o0 + full, cnt, n - o0 - full, half), tlo, thi);
+        if (cnt) stats_step(&t, ld_part(x, o0 + full, cnt, n - o0 - full, dt), tlo, thi);
     }
     if (cnt) acc4_store_part(&t, acc + full, acc + w + full, cnt);
 }
 
-INLINE void apply_run_s(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int half)
+INLINE void apply_run_s(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
 {
     float32x4_t m = vdupq_n_f32(p->mhi[0]), l = vdupq_n_f32(p->mlo[0]);
     float32x4_t a = vdupq_n_f32(p->alpha[0]), b = vdupq_n_f32(p->beta[0]);
     const float32x4_t q[8] = {m, l, a, b, m, l, a, b};
-    apply_flat_s(x, y, n, q, half);
+    apply_flat_s(x, y, n, q, dt);
 }
 
-INLINE void apply_rows_s(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int half)
+INLINE void apply_rows_s(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
 {
     if (w <= 0) return;
     if (8 % w == 0) {
@@ -394,7 +420,7 @@ INLINE void apply_rows_s(const void *x, void *y, int64_t rows, int64_t w, const 
         lanes_s(p->mlo, w, &q[1], &q[5]);
         lanes_s(p->alpha, w, &q[2], &q[6]);
         lanes_s(p->beta, w, &q[3], &q[7]);
-        apply_flat_s(x, y, rows * w, q, half);
+        apply_flat_s(x, y, rows * w, q, dt);
         return;
     }
     const int64_t full = w & ~(int64_t)3, cnt = w - full, n = rows * w;
@@ -408,30 +434,30 @@ INLINE void apply_rows_s(const void *x, void *y, int64_t rows, int64_t w, const 
     for (int64_t r = 0; r < rows; r++) {
         const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 4) {
-            float32x4_t v = apply_s(ld4(x, o + j, half), vld1q_f32(p->mhi + j), vld1q_f32(p->mlo + j),
+            float32x4_t v = apply_s(ld4(x, o + j, dt), vld1q_f32(p->mhi + j), vld1q_f32(p->mlo + j),
                                     vld1q_f32(p->alpha + j), vld1q_f32(p->beta + j));
-            st4(y, o + j, v, half);
+            st4(y, o + j, v, dt);
         }
         if (cnt) {
-            float32x4_t v = ld_part(x, o + full, cnt, n - o - full, half);
-            st_part(y, o + full, apply_s(v, tm, tl, ta, tb), cnt, half);
+            float32x4_t v = ld_part(x, o + full, cnt, n - o - full, dt);
+            st_part(y, o + full, apply_s(v, tm, tl, ta, tb), cnt, dt);
         }
     }
 }
 
-INLINE void gstats_run_s(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int half)
+INLINE void gstats_run_s(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int dt)
 {
     float32x4_t m = vdupq_n_f32(p->mhi[0]), l = vdupq_n_f32(p->mlo[0]);
     const float32x4_t q[4] = {m, l, m, l};
     acc4 a, b;
-    gstats_flat_s(dy, x, n, q, half, &a, &b);
+    gstats_flat_s(dy, x, n, q, dt, &a, &b);
     acc4 t = acc4_add(a, b);
     acc[0] = sum_acc_s1(t);
     acc[1] = sum_acc_s2(t);
 }
 
 INLINE void gstats_rows_s(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc,
-                          int half)
+                          int dt)
 {
     if (w <= 0) return;
     if (8 % w == 0) {
@@ -440,7 +466,7 @@ INLINE void gstats_rows_s(const void *dy, const void *x, int64_t rows, int64_t w
         lanes_s(p->mhi, w, &q[0], &q[2]);
         lanes_s(p->mlo, w, &q[1], &q[3]);
         acc4 a, b;
-        gstats_flat_s(dy, x, rows * w, q, half, &a, &b);
+        gstats_flat_s(dy, x, rows * w, q, dt, &a, &b);
         acc4_store(&a, s1, s2);
         acc4_store(&b, s1 + 4, s2 + 4);
         fold_lanes(s1, 8, w, acc);
@@ -461,15 +487,15 @@ INLINE void gstats_rows_s(const void *dy, const void *x, int64_t rows, int64_t w
         for (int64_t j = 0; j < full; j += 4) {
             acc4 c = acc4_load(acc + j, acc + w + j);
             float32x4_t m = vld1q_f32(p->mhi + j), l = vld1q_f32(p->mlo + j);
-            gstats_step(&c, ld4(dy, o0 + j, half), centered_s(ld4(x, o0 + j, half), m, l));
-            gstats_step(&c, ld4(dy, o1 + j, half), centered_s(ld4(x, o1 + j, half), m, l));
+            gstats_step(&c, ld4(dy, o0 + j, dt), centered_s(ld4(x, o0 + j, dt), m, l));
+            gstats_step(&c, ld4(dy, o1 + j, dt), centered_s(ld4(x, o1 + j, dt), m, l));
             acc4_store(&c, acc + j, acc + w + j);
         }
         if (cnt) {
-            gstats_step(&t, ld_part(dy, o0 + full, cnt, n - o0 - full, half),
-                        centered_s(ld_part(x, o0 + full, cnt, n - o0 - full, half), tm, tl));
-            gstats_step(&t, ld_part(dy, o1 + full, cnt, n - o1 - full, half),
-                        centered_s(ld_part(x, o1 + full, cnt, n - o1 - full, half), tm, tl));
+            gstats_step(&t, ld_part(dy, o0 + full, cnt, n - o0 - full, dt),
+                        centered_s(ld_part(x, o0 + full, cnt, n - o0 - full, dt), tm, tl));
+            gstats_step(&t, ld_part(dy, o1 + full, cnt, n - o1 - full, dt),
+                        centered_s(ld_part(x, o1 + full, cnt, n - o1 - full, dt), tm, tl));
         }
     }
     if (r < rows) {
@@ -477,26 +503,26 @@ INLINE void gstats_rows_s(const void *dy, const void *x, int64_t rows, int64_t w
         for (int64_t j = 0; j < full; j += 4) {
             acc4 c = acc4_load(acc + j, acc + w + j);
             float32x4_t m = vld1q_f32(p->mhi + j), l = vld1q_f32(p->mlo + j);
-            gstats_step(&c, ld4(dy, o0 + j, half), centered_s(ld4(x, o0 + j, half), m, l));
+            gstats_step(&c, ld4(dy, o0 + j, dt), centered_s(ld4(x, o0 + j, dt), m, l));
             acc4_store(&c, acc + j, acc + w + j);
         }
         if (cnt)
-            gstats_step(&t, ld_part(dy, o0 + full, cnt, n - o0 - full, half),
-                        centered_s(ld_part(x, o0 + full, cnt, n - o0 - full, half), tm, tl));
+            gstats_step(&t, ld_part(dy, o0 + full, cnt, n - o0 - full, dt),
+                        centered_s(ld_part(x, o0 + full, cnt, n - o0 - full, dt), tm, tl));
     }
     if (cnt) acc4_store_part(&t, acc + full, acc + w + full, cnt);
 }
 
-INLINE void gapply_run_s(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int half)
+INLINE void gapply_run_s(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
     float32x4_t m = vdupq_n_f32(p->mhi[0]), l = vdupq_n_f32(p->mlo[0]);
     float32x4_t a = vdupq_n_f32(p->a[0]), b = vdupq_n_f32(p->b[0]), c = vdupq_n_f32(p->c[0]);
     const float32x4_t q[10] = {m, l, a, b, c, m, l, a, b, c};
-    gapply_flat_s(dy, x, dx, n, q, half);
+    gapply_flat_s(dy, x, dx, n, q, dt);
 }
 
 INLINE void gapply_rows_s(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                          int half)
+                          int dt)
 {
     if (w <= 0) return;
     if (8 % w == 0) {
@@ -506,7 +532,7 @@ INLINE void gapply_rows_s(const void *dy, const void *x, void *dx, int64_t rows,
         lanes_s(p->a, w, &q[2], &q[7]);
         lanes_s(p->b, w, &q[3], &q[8]);
         lanes_s(p->c, w, &q[4], &q[9]);
-        gapply_flat_s(dy, x, dx, rows * w, q, half);
+        gapply_flat_s(dy, x, dx, rows * w, q, dt);
         return;
     }
     const int64_t full = w & ~(int64_t)3, cnt = w - full, n = rows * w;
@@ -521,20 +547,20 @@ INLINE void gapply_rows_s(const void *dy, const void *x, void *dx, int64_t rows,
     for (int64_t r = 0; r < rows; r++) {
         const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 4) {
-            float32x4_t v = gapply_s(ld4(dy, o + j, half), ld4(x, o + j, half), vld1q_f32(p->mhi + j),
+            float32x4_t v = gapply_s(ld4(dy, o + j, dt), ld4(x, o + j, dt), vld1q_f32(p->mhi + j),
                                      vld1q_f32(p->mlo + j), vld1q_f32(p->a + j), vld1q_f32(p->b + j),
                                      vld1q_f32(p->c + j));
-            st4(dx, o + j, v, half);
+            st4(dx, o + j, v, dt);
         }
         if (cnt) {
-            float32x4_t g = ld_part(dy, o + full, cnt, n - o - full, half);
-            float32x4_t v = ld_part(x, o + full, cnt, n - o - full, half);
-            st_part(dx, o + full, gapply_s(g, v, tm, tl, ta, tb, tc), cnt, half);
+            float32x4_t g = ld_part(dy, o + full, cnt, n - o - full, dt);
+            float32x4_t v = ld_part(x, o + full, cnt, n - o - full, dt);
+            st_part(dx, o + full, gapply_s(g, v, tm, tl, ta, tb, tc), cnt, dt);
         }
     }
 }
 
-/* ---- fused activations (f32 and f16 tensors) ----
+/* ---- fused activations (f32, f16 and bf16 tensors) ----
  * exp as in Cephes' expf: e^x = 2^k e^r with k = round(x / ln 2), r = x - k ln 2
  * formed in two FMA steps (ln 2 = C1 + C2, C1 with few bits so k * C1 is
  * exact), e^r by a degree-6 polynomial on |r| <= ln 2 / 2, 2^k put into the
@@ -630,7 +656,7 @@ INLINE float32x4_t act_grad_s(float32x4_t v, int kind, float32x4_t al)
     }
 }
 
-/* ---- fused activation and side input in one pass (f32 and f16 tensors) ----
+/* ---- fused activation and side input in one pass (f32, f16 and bf16 tensors) ----
  * The pre-activation, g and the activation stay in registers: x, dy and side
  * are read once, each output written once, with no block buffer between the
  * normalization and the activation.  Element for element these compute what
@@ -675,14 +701,14 @@ INLINE float32x4_t fg_s(float32x4_t dy, float32x4_t x, float32x4_t side, int has
 }
 
 /* side lanes of a block, zero without a side input */
-INLINE float32x4_t fside4(const void *side, int64_t i, int half)
+INLINE float32x4_t fside4(const void *side, int64_t i, int dt)
 {
-    return side ? ld4(side, i, half) : vdupq_n_f32(0.0f);
+    return side ? ld4(side, i, dt) : vdupq_n_f32(0.0f);
 }
 
-INLINE float32x4_t fside_part(const void *side, int64_t i, int64_t cnt, int64_t avail, int half)
+INLINE float32x4_t fside_part(const void *side, int64_t i, int64_t cnt, int64_t avail, int dt)
 {
-    return side ? ld_part(side, i, cnt, avail, half) : vdupq_n_f32(0.0f);
+    return side ? ld_part(side, i, cnt, avail, dt) : vdupq_n_f32(0.0f);
 }
 
 /* Parameters broadcast from element 0 (a run) into both block sets.  ya, yb
@@ -739,47 +765,47 @@ INLINE fpar_s fpar_tail(int64_t j, int64_t cnt, const float *mhi, const float *m
 
 /* one block of cnt (1..3) elements at i, avail elements readable from i */
 INLINE void fapply_part(const void *x, const void *side, void *y, int64_t i, int64_t cnt, int64_t avail,
-                        const fpar_s *q, int kind, float32x4_t al, int half)
+                        const fpar_s *q, int kind, float32x4_t al, int dt)
 {
-    float32x4_t v = ld_part(x, i, cnt, avail, half), s = fside_part(side, i, cnt, avail, half);
-    st_part(y, i, fy_s(v, s, side != NULL, q, kind, al), cnt, half);
+    float32x4_t v = ld_part(x, i, cnt, avail, dt), s = fside_part(side, i, cnt, avail, dt);
+    st_part(y, i, fy_s(v, s, side != NULL, q, kind, al), cnt, dt);
 }
 
 INLINE void fapply_flat(const void *x, const void *side, void *y, int64_t n, const fpar_s *q, int kind,
-                        float act_alpha, int half)
+                        float act_alpha, int dt)
 {
     const float32x4_t al = vdupq_n_f32(act_alpha);
     const int hs = side != NULL;
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        float32x4_t v0 = ld4(x, i, half), v1 = ld4(x, i + 4, half);
-        float32x4_t s0 = fside4(side, i, half), s1 = fside4(side, i + 4, half);
-        st4(y, i, fy_s(v0, s0, hs, &q[0], kind, al), half);
-        st4(y, i + 4, fy_s(v1, s1, hs, &q[1], kind, al), half);
+        float32x4_t v0 = ld4(x, i, dt), v1 = ld4(x, i + 4, dt);
+        float32x4_t s0 = fside4(side, i, dt), s1 = fside4(side, i + 4, dt);
+        st4(y, i, fy_s(v0, s0, hs, &q[0], kind, al), dt);
+        st4(y, i + 4, fy_s(v1, s1, hs, &q[1], kind, al), dt);
     }
     if (i + 4 <= n) {
-        st4(y, i, fy_s(ld4(x, i, half), fside4(side, i, half), hs, &q[0], kind, al), half);
+        st4(y, i, fy_s(ld4(x, i, dt), fside4(side, i, dt), hs, &q[0], kind, al), dt);
         i += 4;
     }
-    if (i < n) fapply_part(x, side, y, i, n - i, n - i, &q[(i >> 2) & 1], kind, al, half);
+    if (i < n) fapply_part(x, side, y, i, n - i, n - i, &q[(i >> 2) & 1], kind, al, dt);
 }
 
-INLINE void apply_run_fused_s(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int kind, int half)
+INLINE void apply_run_fused_s(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int kind, int dt)
 {
     fpar_s q[2];
     fpar_run(q, p->mhi, p->mlo, p->alpha, p->beta, NULL, NULL, NULL);
-    fapply_flat(x, p->side, y, n, q, kind, p->act_alpha, half);
+    fapply_flat(x, p->side, y, n, q, kind, p->act_alpha, dt);
 }
 
 INLINE void apply_rows_fused_s(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int kind,
-                               int half)
+                               int dt)
 {
     if (w <= 0) return;
     const void *side = p->side;
     if (8 % w == 0) {
         fpar_s q[2];
         fpar_lanes(q, w, p->mhi, p->mlo, p->alpha, p->beta, NULL, NULL, NULL);
-        fapply_flat(x, side, y, rows * w, q, kind, p->act_alpha, half);
+        fapply_flat(x, side, y, rows * w, q, kind, p->act_alpha, dt);
         return;
     }
     const float32x4_t al = vdupq_n_f32(p->act_alpha);
@@ -790,10 +816,10 @@ INLINE void apply_rows_fused_s(const void *x, void *y, int64_t rows, int64_t w, 
         const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 4) {
             fpar_s q = fpar_cols(j, p->mhi, p->mlo, p->alpha, p->beta, NULL, NULL, NULL);
-            float32x4_t v = ld4(x, o + j, half), s = fside4(side, o + j, half);
-            st4(y, o + j, fy_s(v, s, hs, &q, kind, al), half);
+            float32x4_t v = ld4(x, o + j, dt), s = fside4(side, o + j, dt);
+            st4(y, o + j, fy_s(v, s, hs, &q, kind, al), dt);
         }
-        if (cnt) fapply_part(x, side, y, o + full, cnt, n - o - full, &t, kind, al, half);
+        if (cnt) fapply_part(x, side, y, o + full, cnt, n - o - full, &t, kind, al, dt);
     }
 }
 
@@ -811,53 +837,53 @@ INLINE void fgstats_blk(acc4 *acc, float32x4_t dy, float32x4_t x, float32x4_t s,
  * whatever the parameters make of them (an inf mean, a NaN act'), so both
  * are masked to +0 before they reach the sums. */
 INLINE void fgstats_part(acc4 *acc, const void *dy, const void *x, const void *side, int64_t i, int64_t cnt,
-                         int64_t avail, const fpar_s *q, int kind, float32x4_t al, int half)
+                         int64_t avail, const fpar_s *q, int kind, float32x4_t al, int dt)
 {
     uint32x4_t mk = mask_s(cnt);
-    float32x4_t g = ld_part(dy, i, cnt, avail, half), v = ld_part(x, i, cnt, avail, half);
-    float32x4_t s = fside_part(side, i, cnt, avail, half);
+    float32x4_t g = ld_part(dy, i, cnt, avail, dt), v = ld_part(x, i, cnt, avail, dt);
+    float32x4_t s = fside_part(side, i, cnt, avail, dt);
     g = fg_s(g, v, s, side != NULL, q, kind, al);
     gstats_step(acc, and_s(g, mk), and_s(centered_s(v, q->mhi, q->mlo), mk));
 }
 
 INLINE void fgstats_flat(const void *dy, const void *x, const void *side, int64_t n, const fpar_s *q, int kind,
-                         float act_alpha, int half, acc4 *ea, acc4 *oa)
+                         float act_alpha, int dt, acc4 *ea, acc4 *oa)
 {
     const float32x4_t al = vdupq_n_f32(act_alpha);
     const int hs = side != NULL;
     acc4 a = acc4_zero(), b = acc4_zero();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        fgstats_blk(&a, ld4(dy, i, half), ld4(x, i, half), fside4(side, i, half), hs, &q[0], kind, al);
-        fgstats_blk(&b, ld4(dy, i + 4, half), ld4(x, i + 4, half), fside4(side, i + 4, half), hs, &q[1], kind, al);
+        fgstats_blk(&a, ld4(dy, i, dt), ld4(x, i, dt), fside4(side, i, dt), hs, &q[0], kind, al);
+        fgstats_blk(&b, ld4(dy, i + 4, dt), ld4(x, i + 4, dt), fside4(side, i + 4, dt), hs, &q[1], kind, al);
     }
     if (i + 4 <= n) {
-        fgstats_blk(&a, ld4(dy, i, half), ld4(x, i, half), fside4(side, i, half), hs, &q[0], kind, al);
+        fgstats_blk(&a, ld4(dy, i, dt), ld4(x, i, dt), fside4(side, i, dt), hs, &q[0], kind, al);
         i += 4;
     }
     if (i < n) {
-        if ((i >> 2) & 1) fgstats_part(&b, dy, x, side, i, n - i, n - i, &q[1], kind, al, half);
-        else fgstats_part(&a, dy, x, side, i, n - i, n - i, &q[0], kind, al, half);
+        if ((i >> 2) & 1) fgstats_part(&b, dy, x, side, i, n - i, n - i, &q[1], kind, al, dt);
+        else fgstats_part(&a, dy, x, side, i, n - i, n - i, &q[0], kind, al, dt);
     }
     *ea = a;
     *oa = b;
 }
 
 INLINE void gstats_run_fused_s(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc,
-                               int kind, int half)
+                               int kind, int dt)
 {
     const int on = kind != CFBN_ACT_NONE;
     fpar_s q[2];
     fpar_run(q, p->mhi, p->mlo, on ? p->ya : NULL, on ? p->yb : NULL, NULL, NULL, NULL);
     acc4 a, b;
-    fgstats_flat(dy, x, on ? p->side : NULL, n, q, kind, p->act_alpha, half, &a, &b);
+    fgstats_flat(dy, x, on ? p->side : NULL, n, q, kind, p->act_alpha, dt, &a, &b);
     acc4 t = acc4_add(a, b);
     acc[0] = sum_acc_s1(t);
     acc[1] = sum_acc_s2(t);
 }
 
 INLINE void gstats_rows_fused_s(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                                double *acc, int kind, int half)
+                                double *acc, int kind, int dt)
 {
     if (w <= 0) return;
     const int on = kind != CFBN_ACT_NONE;
@@ -868,7 +894,7 @@ INLINE void gstats_rows_fused_s(const void *dy, const void *x, int64_t rows, int
         double s1[8], s2[8];
         fpar_lanes(q, w, p->mhi, p->mlo, ya, yb, NULL, NULL, NULL);
         acc4 a, b;
-        fgstats_flat(dy, x, side, rows * w, q, kind, p->act_alpha, half, &a, &b);
+        fgstats_flat(dy, x, side, rows * w, q, kind, p->act_alpha, dt, &a, &b);
         acc4_store(&a, s1, s2);
         acc4_store(&b, s1 + 4, s2 + 4);
         fold_lanes(s1, 8, w, acc);
@@ -889,13 +915,13 @@ INLINE void gstats_rows_fused_s(const void *dy, const void *x, int64_t rows, int
         for (int64_t j = 0; j < full; j += 4) {
             fpar_s q = fpar_cols(j, p->mhi, p->mlo, ya, yb, NULL, NULL, NULL);
             acc4 c = acc4_load(acc + j, acc + w + j);
-            fgstats_blk(&c, ld4(dy, o0 + j, half), ld4(x, o0 + j, half), fside4(side, o0 + j, half), hs, &q, kind, al);
-            fgstats_blk(&c, ld4(dy, o1 + j, half), ld4(x, o1 + j, half), fside4(side, o1 + j, half), hs, &q, kind, al);
+            fgstats_blk(&c, ld4(dy, o0 + j, dt), ld4(x, o0 + j, dt), fside4(side, o0 + j, dt), hs, &q, kind, al);
+            fgstats_blk(&c, ld4(dy, o1 + j, dt), ld4(x, o1 + j, dt), fside4(side, o1 + j, dt), hs, &q, kind, al);
             acc4_store(&c, acc + j, acc + w + j);
         }
         if (cnt) {
-            fgstats_part(&t, dy, x, side, o0 + full, cnt, n - o0 - full, &tq, kind, al, half);
-            fgstats_part(&t, dy, x, side, o1 + full, cnt, n - o1 - full, &tq, kind, al, half);
+            fgstats_part(&t, dy, x, side, o0 + full, cnt, n - o0 - full, &tq, kind, al, dt);
+            fgstats_part(&t, dy, x, side, o1 + full, cnt, n - o1 - full, &tq, kind, al, dt);
         }
     }
     if (r < rows) {
@@ -903,10 +929,10 @@ INLINE void gstats_rows_fused_s(const void *dy, const void *x, int64_t rows, int
         for (int64_t j = 0; j < full; j += 4) {
             fpar_s q = fpar_cols(j, p->mhi, p->mlo, ya, yb, NULL, NULL, NULL);
             acc4 c = acc4_load(acc + j, acc + w + j);
-            fgstats_blk(&c, ld4(dy, o0 + j, half), ld4(x, o0 + j, half), fside4(side, o0 + j, half), hs, &q, kind, al);
+            fgstats_blk(&c, ld4(dy, o0 + j, dt), ld4(x, o0 + j, dt), fside4(side, o0 + j, dt), hs, &q, kind, al);
             acc4_store(&c, acc + j, acc + w + j);
         }
-        if (cnt) fgstats_part(&t, dy, x, side, o0 + full, cnt, n - o0 - full, &tq, kind, al, half);
+        if (cnt) fgstats_part(&t, dy, x, side, o0 + full, cnt, n - o0 - full, &tq, kind, al, dt);
     }
     if (cnt) acc4_store_part(&t, acc + full, acc + w + full, cnt);
 }
@@ -914,53 +940,53 @@ INLINE void gstats_rows_fused_s(const void *dy, const void *x, int64_t rows, int
 /* -- gradient: dx = g * a + (d * b + c), side_grad = g -- */
 
 INLINE void fgapply_blk(const void *dy, const void *x, const void *side, void *dx, void *sg, int64_t i,
-                        const fpar_s *q, int kind, float32x4_t al, int half)
+                        const fpar_s *q, int kind, float32x4_t al, int dt)
 {
-    float32x4_t v = ld4(x, i, half);
-    float32x4_t g = fg_s(ld4(dy, i, half), v, fside4(side, i, half), side != NULL, q, kind, al);
+    float32x4_t v = ld4(x, i, dt);
+    float32x4_t g = fg_s(ld4(dy, i, dt), v, fside4(side, i, dt), side != NULL, q, kind, al);
     float32x4_t o = gapply_s(g, v, q->mhi, q->mlo, q->a, q->b, q->c);
-    if (sg) st4(sg, i, g, half);
-    st4(dx, i, o, half);
+    if (sg) st4(sg, i, g, dt);
+    st4(dx, i, o, dt);
 }
 
 INLINE void fgapply_part(const void *dy, const void *x, const void *side, void *dx, void *sg, int64_t i, int64_t cnt,
-                         int64_t avail, const fpar_s *q, int kind, float32x4_t al, int half)
+                         int64_t avail, const fpar_s *q, int kind, float32x4_t al, int dt)
 {
-    float32x4_t v = ld_part(x, i, cnt, avail, half);
-    float32x4_t g = fg_s(ld_part(dy, i, cnt, avail, half), v, fside_part(side, i, cnt, avail, half), side != NULL, q,
+    float32x4_t v = ld_part(x, i, cnt, avail, dt);
+    float32x4_t g = fg_s(ld_part(dy, i, cnt, avail, dt), v, fside_part(side, i, cnt, avail, dt), side != NULL, q,
                          kind, al);
     float32x4_t o = gapply_s(g, v, q->mhi, q->mlo, q->a, q->b, q->c);
-    if (sg) st_part(sg, i, g, cnt, half);
-    st_part(dx, i, o, cnt, half);
+    if (sg) st_part(sg, i, g, cnt, dt);
+    st_part(dx, i, o, cnt, dt);
 }
 
 INLINE void fgapply_flat(const void *dy, const void *x, const void *side, void *dx, void *sg, int64_t n,
-                         const fpar_s *q, int kind, float act_alpha, int half)
+                         const fpar_s *q, int kind, float act_alpha, int dt)
 {
     const float32x4_t al = vdupq_n_f32(act_alpha);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        fgapply_blk(dy, x, side, dx, sg, i, &q[0], kind, al, half);
-        fgapply_blk(dy, x, side, dx, sg, i + 4, &q[1], kind, al, half);
+        fgapply_blk(dy, x, side, dx, sg, i, &q[0], kind, al, dt);
+        fgapply_blk(dy, x, side, dx, sg, i + 4, &q[1], kind, al, dt);
     }
     if (i + 4 <= n) {
-        fgapply_blk(dy, x, side, dx, sg, i, &q[0], kind, al, half);
+        fgapply_blk(dy, x, side, dx, sg, i, &q[0], kind, al, dt);
         i += 4;
     }
-    if (i < n) fgapply_part(dy, x, side, dx, sg, i, n - i, n - i, &q[(i >> 2) & 1], kind, al, half);
+    if (i < n) fgapply_part(dy, x, side, dx, sg, i, n - i, n - i, &q[(i >> 2) & 1], kind, al, dt);
 }
 
 INLINE void gapply_run_fused_s(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int kind,
-                               int half)
+                               int dt)
 {
     const int on = kind != CFBN_ACT_NONE;
     fpar_s q[2];
     fpar_run(q, p->mhi, p->mlo, on ? p->ya : NULL, on ? p->yb : NULL, p->a, p->b, p->c);
-    fgapply_flat(dy, x, on ? p->side : NULL, dx, p->side_grad, n, q, kind, p->act_alpha, half);
+    fgapply_flat(dy, x, on ? p->side : NULL, dx, p->side_grad, n, q, kind, p->act_alpha, dt);
 }
 
 INLINE void gapply_rows_fused_s(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
-                                const cfbn_grad_f32 *p, int kind, int half)
+                                const cfbn_grad_f32 *p, int kind, int dt)
 {
     if (w <= 0) return;
     const int on = kind != CFBN_ACT_NONE;
@@ -970,7 +996,7 @@ INLINE void gapply_rows_fused_s(const void *dy, const void *x, void *dx, int64_t
     if (8 % w == 0) {
         fpar_s q[2];
         fpar_lanes(q, w, p->mhi, p->mlo, ya, yb, p->a, p->b, p->c);
-        fgapply_flat(dy, x, side, dx, sg, rows * w, q, kind, p->act_alpha, half);
+        fgapply_flat(dy, x, side, dx, sg, rows * w, q, kind, p->act_alpha, dt);
         return;
     }
     const float32x4_t al = vdupq_n_f32(p->act_alpha);
@@ -980,159 +1006,63 @@ INLINE void gapply_rows_fused_s(const void *dy, const void *x, void *dx, int64_t
         const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 4) {
             fpar_s q = fpar_cols(j, p->mhi, p->mlo, ya, yb, p->a, p->b, p->c);
-            fgapply_blk(dy, x, side, dx, sg, o + j, &q, kind, al, half);
+            fgapply_blk(dy, x, side, dx, sg, o + j, &q, kind, al, dt);
         }
-        if (cnt) fgapply_part(dy, x, side, dx, sg, o + full, cnt, n - o - full, &t, kind, al, half);
+        if (cnt) fgapply_part(dy, x, side, dx, sg, o + full, cnt, n - o - full, &t, kind, al, dt);
     }
 }
 
-/* -- the entry points: one loop per activation -- */
+/* -- one loop per activation -- */
 
-static void apply_run_fused_f32(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)
+INLINE void fapply_run_s(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
 {
-#define FUSED(k) apply_run_fused_s(x, y, n, p, k, 0)
+#define FUSED(k) apply_run_fused_s(x, y, n, p, k, dt)
     CFBN_ACT_SPECIALIZE(p->act, FUSED)
 #undef FUSED
 }
 
-static void apply_rows_fused_f32(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+INLINE void fapply_rows_s(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
 {
-#define FUSED(k) apply_rows_fused_s(x, y, rows, w, p, k, 0)
+#define FUSED(k) apply_rows_fused_s(x, y, rows, w, p, k, dt)
     CFBN_ACT_SPECIALIZE(p->act, FUSED)
 #undef FUSED
 }
 
-static void gstats_run_fused_f32(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+INLINE void fgstats_run_s(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int dt)
 {
-#define FUSED(k) gstats_run_fused_s(dy, x, n, p, acc, k, 0)
+#define FUSED(k) gstats_run_fused_s(dy, x, n, p, acc, k, dt)
     CFBN_ACT_SPECIALIZE(p->act, FUSED)
 #undef FUSED
 }
 
-static void gstats_rows_fused_f32(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                                  double *acc)
+INLINE void fgstats_rows_s(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                           double *acc, int dt)
 {
-#define FUSED(k) gstats_rows_fused_s(dy, x, rows, w, p, acc, k, 0)
+#define FUSED(k) gstats_rows_fused_s(dy, x, rows, w, p, acc, k, dt)
     CFBN_ACT_SPECIALIZE(p->act, FUSED)
 #undef FUSED
 }
 
-static void gapply_run_fused_f32(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
+INLINE void fgapply_run_s(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
-#define FUSED(k) gapply_run_fused_s(dy, x, dx, n, p, k, 0)
+#define FUSED(k) gapply_run_fused_s(dy, x, dx, n, p, k, dt)
     CFBN_ACT_SPECIALIZE(p->act, FUSED)
 #undef FUSED
 }
 
-static void gapply_rows_fused_f32(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
-                                  const cfbn_grad_f32 *p)
+INLINE void fgapply_rows_s(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                           int dt)
 {
-#define FUSED(k) gapply_rows_fused_s(dy, x, dx, rows, w, p, k, 0)
+#define FUSED(k) gapply_rows_fused_s(dy, x, dx, rows, w, p, k, dt)
     CFBN_ACT_SPECIALIZE(p->act, FUSED)
 #undef FUSED
 }
 
-static void apply_run_fused_f16(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)
-{
-#define FUSED(k) apply_run_fused_s(x, y, n, p, k, 1)
-    CFBN_ACT_SPECIALIZE(p->act, FUSED)
-#undef FUSED
-}
+/* ---- float32, float16 and bfloat16 entries ---- */
 
-static void apply_rows_fused_f16(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
-{
-#define FUSED(k) apply_rows_fused_s(x, y, rows, w, p, k, 1)
-    CFBN_ACT_SPECIALIZE(p->act, FUSED)
-#undef FUSED
-}
-
-static void gstats_run_fused_f16(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p,
-                                 double *acc)
-{
-#define FUSED(k) gstats_run_fused_s(dy, x, n, p, acc, k, 1)
-    CFBN_ACT_SPECIALIZE(p->act, FUSED)
-#undef FUSED
-}
-
-static void gstats_rows_fused_f16(const void *dy, const void *x, int64_t rows, int64_t w,
-                                  const cfbn_grad_f32 *p, double *acc)
-{
-#define FUSED(k) gstats_rows_fused_s(dy, x, rows, w, p, acc, k, 1)
-    CFBN_ACT_SPECIALIZE(p->act, FUSED)
-#undef FUSED
-}
-
-static void gapply_run_fused_f16(const void *dy, const void *x, void *dx, int64_t n,
-                                 const cfbn_grad_f32 *p)
-{
-#define FUSED(k) gapply_run_fused_s(dy, x, dx, n, p, k, 1)
-    CFBN_ACT_SPECIALIZE(p->act, FUSED)
-#undef FUSED
-}
-
-static void gapply_rows_fused_f16(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
-                                  const cfbn_grad_f32 *p)
-{
-#define FUSED(k) gapply_rows_fused_s(dy, x, dx, rows, w, p, k, 1)
-    CFBN_ACT_SPECIALIZE(p->act, FUSED)
-#undef FUSED
-}
-
-/* ---- float32 and float16 entries ---- */
-
-static void stats_run_f32(const void *x, int64_t n, double shift, double *acc) { stats_run_s(x, n, shift, acc, 0); }
-static void stats_rows_f32(const void *x, int64_t rows, int64_t w, const double *shift, double *acc)
-{
-    stats_rows_s(x, rows, w, shift, acc, 0);
-}
-static void apply_run_f32(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p) { apply_run_s(x, y, n, p, 0); }
-static void apply_rows_f32(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
-{
-    apply_rows_s(x, y, rows, w, p, 0);
-}
-static void gstats_run_f32(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
-{
-    gstats_run_s(dy, x, n, p, acc, 0);
-}
-static void gstats_rows_f32(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
-{
-    gstats_rows_s(dy, x, rows, w, p, acc, 0);
-}
-static void gapply_run_f32(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
-{
-    gapply_run_s(dy, x, dx, n, p, 0);
-}
-static void gapply_rows_f32(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
-{
-    gapply_rows_s(dy, x, dx, rows, w, p, 0);
-}
-
-static void stats_run_f16(const void *x, int64_t n, double shift, double *acc) { stats_run_s(x, n, shift, acc, 1); }
-static void stats_rows_f16(const void *x, int64_t rows, int64_t w, const double *shift, double *acc)
-{
-    stats_rows_s(x, rows, w, shift, acc, 1);
-}
-static void apply_run_f16(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p) { apply_run_s(x, y, n, p, 1); }
-static void apply_rows_f16(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
-{
-    apply_rows_s(x, y, rows, w, p, 1);
-}
-static void gstats_run_f16(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
-{
-    gstats_run_s(dy, x, n, p, acc, 1);
-}
-static void gstats_rows_f16(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
-{
-    gstats_rows_s(dy, x, rows, w, p, acc, 1);
-}
-static void gapply_run_f16(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
-{
-    gapply_run_s(dy, x, dx, n, p, 1);
-}
-static void gapply_rows_f16(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
-{
-    gapply_rows_s(dy, x, dx, rows, w, p, 1);
-}
+CFBN_FLOAT_ENTRIES(f32, CFBN_F32, s)
+CFBN_FLOAT_ENTRIES(f16, CFBN_F16, s)
+CFBN_FLOAT_ENTRIES(bf16, CFBN_BF16, s)
 
 /* ---- float64: 2 lanes; flat streams alternate two parameter sets over
  * 2-element blocks, so widths dividing 4 see whole columns per lane ---- */
@@ -1514,24 +1444,13 @@ static void gapply_rows_f64(const void *dy_, const void *x_, void *dx_, int64_t 
 
 const cfbn_kernels cfbn_kernels_neon = {
     .name = "neon",
-    .f32 = {
-        stats_run_f32, stats_rows_f32, apply_run_f32, apply_rows_f32,
-        gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
-        .apply_run_fused = apply_run_fused_f32, .apply_rows_fused = apply_rows_fused_f32,
-        .gstats_run_fused = gstats_run_fused_f32, .gstats_rows_fused = gstats_rows_fused_f32,
-        .gapply_run_fused = gapply_run_fused_f32, .gapply_rows_fused = gapply_rows_fused_f32,
-    },
+    .f32 = { CFBN_FLOAT_TABLE(f32) },
     .f64 = {
         stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
         gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
     },
-    .f16 = {
-        stats_run_f16, stats_rows_f16, apply_run_f16, apply_rows_f16,
-        gstats_run_f16, gstats_rows_f16, gapply_run_f16, gapply_rows_f16,
-        .apply_run_fused = apply_run_fused_f16, .apply_rows_fused = apply_rows_fused_f16,
-        .gstats_run_fused = gstats_run_fused_f16, .gstats_rows_fused = gstats_rows_fused_f16,
-        .gapply_run_fused = gapply_run_fused_f16, .gapply_rows_fused = gapply_rows_fused_f16,
-    },
+    .f16 = { CFBN_FLOAT_TABLE(f16) },
+    .bf16 = { CFBN_FLOAT_TABLE(bf16) },
 };
 
 #endif

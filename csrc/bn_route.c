@@ -5,7 +5,7 @@
 #include "bn_act.h"
 #include "bn_route.h"
 #include "bn_runs.h"
-#include "half.h"
+#include "storage.h"
 
 /* ---- pass policy ---- */
 
@@ -78,13 +78,10 @@ int cfbn_route_per_channel(int64_t pieces, int planes, int64_t slice, int64_t C,
 
 const cfbn_float_kernels *cfbn_route_float_table(const cfbn_kernels *k, int dtype)
 {
-    return dtype == CFBN_F16 ? &k->f16 : &k->f32;
+    return dtype == CFBN_F16 ? &k->f16 : dtype == CFBN_BF16 ? &k->bf16 : &k->f32;
 }
 
-static size_t storage_size(int dtype)
-{
-    return dtype == CFBN_F64 ? 8 : dtype == CFBN_F16 ? 2 : 4;
-}
+static size_t storage_size(int dtype) { return cfbn_storage_size(dtype); }
 
 static const void *at(const void *p, int64_t i, size_t esize)
 {
@@ -130,9 +127,9 @@ void cfbn_route_stats(const cfbn_kernels *k, int dtype, const void *x, int64_t r
  * shape, so results are deterministic; block sums are added in block order.
  * Every output is written from block buffers after all inputs of the block
  * have been read, so an output may be the very array of any input (y may be
- * x or side; dx and side_grad may be dy or x).  Half tensors are widened to
- * float per block and run the float32 kernels: the pre-activation and g are
- * never rounded to half. */
+ * x or side; dx and side_grad may be dy or x).  2-byte tensors are widened
+ * to float per block and run the float32 kernels: the pre-activation and g
+ * are never rounded to the storage type. */
 
 #define FUSE_BLOCK 512
 
@@ -192,35 +189,32 @@ static void fuse_add_part(double *acc, const double *part, const fuse_blk *b, in
     }
 }
 
-static float load_f(int dtype, const void *p, int64_t i)
-{
-    return dtype == CFBN_F16 ? cfbn_half_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
+static float load_f(int dtype, const void *p, int64_t i) { return cfbn_load_float(dtype, p, i); }
 
 static void widen_f(int dtype, const void *src, float *dst, int64_t n)
 {
-    if (dtype != CFBN_F16) {
+    if (dtype == CFBN_F32) {
         memcpy(dst, src, (size_t)n * sizeof *dst);
         return;
     }
-    for (int64_t i = 0; i < n; i++) dst[i] = cfbn_half_to_float(((const uint16_t *)src)[i]);
+    for (int64_t i = 0; i < n; i++) dst[i] = cfbn_load_float(dtype, src, i);
 }
 
 static void narrow_f(int dtype, const float *src, void *dst, int64_t n)
 {
-    if (dtype != CFBN_F16) {
+    if (dtype == CFBN_F32) {
         memmove(dst, src, (size_t)n * sizeof *src);
         return;
     }
-    for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = cfbn_float_to_half(src[i]);
+    for (int64_t i = 0; i < n; i++) cfbn_store_float(dtype, dst, i, src[i]);
 }
 
 /* x of the block as float: in place for float tensors, widened into xb for
- * half ones */
+ * 2-byte ones */
 static const float *block_x_f(int dtype, const void *x, const fuse_blk *b, float *xb)
 {
     const void *xs = at(x, b->off, storage_size(dtype));
-    if (dtype != CFBN_F16) return (const float *)xs;
+    if (dtype == CFBN_F32) return (const float *)xs;
     widen_f(dtype, xs, xb, b->rows * b->w);
     return xb;
 }

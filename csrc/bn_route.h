@@ -16,14 +16,14 @@
 
 #include "cfbn.h"
 
-/* The sub-table of a float-compute dtype (CFBN_F32, CFBN_F16). */
+/* The sub-table of a float-compute dtype (CFBN_F32, CFBN_F16, CFBN_BF16). */
 const cfbn_float_kernels *cfbn_route_float_table(const cfbn_kernels *k, int dtype);
 
 /* Statistics: one run (rows == n elements, w unused) or rows of w. */
 void cfbn_route_stats(const cfbn_kernels *k, int dtype, const void *x, int64_t rows, int64_t w, int is_run,
                       const double *shift, double *acc);
 
-/* Float compute: dtype names the storage of the tensors (f32 or f16). */
+/* Float compute: dtype names the storage of the tensors (f32, f16 or bf16). */
 void cfbn_route_apply_f32(const cfbn_kernels *k, int dtype, const void *x, void *y, int64_t rows, int64_t w,
                           int is_run, const cfbn_apply_f32 *p);
 void cfbn_route_gstats_f32(const cfbn_kernels *k, int dtype, const void *dy, const void *x, int64_t rows,

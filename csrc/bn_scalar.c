@@ -1,30 +1,24 @@
 /* Portable reference kernels: plain C, one element at a time.  Every SIMD
- * table is tested against these.  Baseline flags only.  Float32 and float16
- * tensors share one set of float loops (`half` says how elements are
- * stored); the fused entries run bn_math.h's formulas, libm's activations
+ * table is tested against these.  Baseline flags only.  Float32, float16 and
+ * bfloat16 tensors share one set of float loops (`dt` says how elements are
+ * stored; bn_entries.h makes the entries); the fused entries run bn_math.h's formulas, libm's activations
  * among them, in the same loop as the normalization. */
 #include "bn_act.h"
+#include "bn_entries.h"
 #include "cfbn.h"
-#include "half.h"
+#include "storage.h"
 
-static inline float ld(const void *p, int64_t i, int half)
-{
-    return half ? cfbn_half_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
+static inline float ld(const void *p, int64_t i, int dt) { return cfbn_load_float(dt, p, i); }
 
-static inline void st(void *p, int64_t i, float v, int half)
-{
-    if (half) ((uint16_t *)p)[i] = cfbn_float_to_half(v);
-    else ((float *)p)[i] = v;
-}
+static inline void st(void *p, int64_t i, float v, int dt) { cfbn_store_float(dt, p, i, v); }
 
-/* ---- float compute: float32 and float16 storage ---- */
+/* ---- float compute: float32, float16 and bfloat16 storage ---- */
 
-static inline void stats_run_s(const void *x, int64_t n, double shift, double *acc, int half)
+static inline void stats_run_s(const void *x, int64_t n, double shift, double *acc, int dt)
 {
     double s1 = 0.0, s2 = 0.0;
     for (int64_t i = 0; i < n; i++) {
-        double d = (double)ld(x, i, half) - shift;
+        double d = (double)ld(x, i, dt) - shift;
         s1 += d;
         s2 += d * d;
     }
@@ -32,12 +26,12 @@ static inline void stats_run_s(const void *x, int64_t n, double shift, double *a
     acc[1] = s2;
 }
 
-static inline void stats_rows_s(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int half)
+static inline void stats_rows_s(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int dt)
 {
     for (int64_t j = 0; j < 2 * w; j++) acc[j] = 0.0;
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t j = 0; j < w; j++) {
-            double d = (double)ld(x, r * w + j, half) - shift[j];
+            double d = (double)ld(x, r * w + j, dt) - shift[j];
             acc[j] += d;
             acc[w + j] += d * d;
         }
@@ -47,26 +41,26 @@ static inline void stats_rows_s(const void *x, int64_t rows, int64_t w, const do
 /* rows of w elements whose parameters are column j (a run: one row, every
  * element column 0) */
 static inline void apply_s(const void *x, void *y, int64_t rows, int64_t w, int is_run, const cfbn_apply_f32 *p,
-                           int half)
+                           int dt)
 {
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t j = 0; j < w; j++) {
             int64_t c = is_run ? 0 : j, i = r * w + j;
-            st(y, i, ((ld(x, i, half) - p->mhi[c]) - p->mlo[c]) * p->alpha[c] + p->beta[c], half);
+            st(y, i, ((ld(x, i, dt) - p->mhi[c]) - p->mlo[c]) * p->alpha[c] + p->beta[c], dt);
         }
     }
 }
 
 static inline void gstats_s(const void *dy, const void *x, int64_t rows, int64_t w, int is_run,
-                            const cfbn_grad_f32 *p, double *acc, int half)
+                            const cfbn_grad_f32 *p, double *acc, int dt)
 {
     int64_t na = is_run ? 1 : w;
     for (int64_t j = 0; j < 2 * na; j++) acc[j] = 0.0;
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t j = 0; j < w; j++) {
             int64_t c = is_run ? 0 : j, i = r * w + j;
-            float g = ld(dy, i, half);
-            float d = (ld(x, i, half) - p->mhi[c]) - p->mlo[c];
+            float g = ld(dy, i, dt);
+            float d = (ld(x, i, dt) - p->mhi[c]) - p->mlo[c];
             acc[c] += (double)g;
             acc[na + c] += (double)g * (double)d;
         }
@@ -74,50 +68,50 @@ static inline void gstats_s(const void *dy, const void *x, int64_t rows, int64_t
 }
 
 static inline void gapply_s(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, int is_run,
-                            const cfbn_grad_f32 *p, int half)
+                            const cfbn_grad_f32 *p, int dt)
 {
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t j = 0; j < w; j++) {
             int64_t c = is_run ? 0 : j, i = r * w + j;
-            float d = (ld(x, i, half) - p->mhi[c]) - p->mlo[c];
-            st(dx, i, ld(dy, i, half) * p->a[c] + (d * p->b[c] + p->c[c]), half);
+            float d = (ld(x, i, dt) - p->mhi[c]) - p->mlo[c];
+            st(dx, i, ld(dy, i, dt) * p->a[c] + (d * p->b[c] + p->c[c]), dt);
         }
     }
 }
 
 /* Fused: y = act(normalize(x) + side); the gradient's g = dy * act'(pre). */
 static inline void apply_fused_s(const void *x, void *y, int64_t rows, int64_t w, int is_run,
-                                 const cfbn_apply_f32 *p, int half)
+                                 const cfbn_apply_f32 *p, int dt)
 {
     const void *side = p->side;
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t j = 0; j < w; j++) {
             int64_t c = is_run ? 0 : j, i = r * w + j;
-            float s = side ? ld(side, i, half) : 0.0f;
-            st(y, i, cfbn_fused_y_f(p->act, p->act_alpha, ld(x, i, half), side != NULL, s, p->mhi[c], p->mlo[c],
-                                    p->alpha[c], p->beta[c]), half);
+            float s = side ? ld(side, i, dt) : 0.0f;
+            st(y, i, cfbn_fused_y_f(p->act, p->act_alpha, ld(x, i, dt), side != NULL, s, p->mhi[c], p->mlo[c],
+                                    p->alpha[c], p->beta[c]), dt);
         }
     }
 }
 
-static inline float fused_g_s(const void *dy, const void *x, int64_t i, int64_t c, const cfbn_grad_f32 *p, int half)
+static inline float fused_g_s(const void *dy, const void *x, int64_t i, int64_t c, const cfbn_grad_f32 *p, int dt)
 {
     const void *side = p->side;
-    float s = side ? ld(side, i, half) : 0.0f;
-    return cfbn_fused_g_f(p->act, p->act_alpha, ld(dy, i, half), ld(x, i, half), side != NULL, s, p->mhi[c],
+    float s = side ? ld(side, i, dt) : 0.0f;
+    return cfbn_fused_g_f(p->act, p->act_alpha, ld(dy, i, dt), ld(x, i, dt), side != NULL, s, p->mhi[c],
                           p->mlo[c], p->ya ? p->ya[c] : 0.0f, p->yb ? p->yb[c] : 0.0f);
 }
 
 static inline void gstats_fused_s(const void *dy, const void *x, int64_t rows, int64_t w, int is_run,
-                                  const cfbn_grad_f32 *p, double *acc, int half)
+                                  const cfbn_grad_f32 *p, double *acc, int dt)
 {
     int64_t na = is_run ? 1 : w;
     for (int64_t j = 0; j < 2 * na; j++) acc[j] = 0.0;
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t j = 0; j < w; j++) {
             int64_t c = is_run ? 0 : j, i = r * w + j;
-            float g = fused_g_s(dy, x, i, c, p, half);
-            float d = (ld(x, i, half) - p->mhi[c]) - p->mlo[c];
+            float g = fused_g_s(dy, x, i, c, p, dt);
+            float d = (ld(x, i, dt) - p->mhi[c]) - p->mlo[c];
             acc[c] += (double)g;
             acc[na + c] += (double)g * (double)d;
         }
@@ -127,125 +121,79 @@ static inline void gstats_fused_s(const void *dy, const void *x, int64_t rows, i
 /* dx and side_grad may be the very arrays dy or x: each element's inputs are
  * read before its outputs are written. */
 static inline void gapply_fused_s(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, int is_run,
-                                  const cfbn_grad_f32 *p, int half)
+                                  const cfbn_grad_f32 *p, int dt)
 {
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t j = 0; j < w; j++) {
             int64_t c = is_run ? 0 : j, i = r * w + j;
-            float g = fused_g_s(dy, x, i, c, p, half);
-            float d = (ld(x, i, half) - p->mhi[c]) - p->mlo[c];
+            float g = fused_g_s(dy, x, i, c, p, dt);
+            float d = (ld(x, i, dt) - p->mhi[c]) - p->mlo[c];
             float v = g * p->a[c] + (d * p->b[c] + p->c[c]);
-            if (p->side_grad) st(p->side_grad, i, g, half);
-            st(dx, i, v, half);
+            if (p->side_grad) st(p->side_grad, i, g, dt);
+            st(dx, i, v, dt);
         }
     }
 }
 
-static void stats_run_f32(const void *x, int64_t n, double shift, double *acc) { stats_run_s(x, n, shift, acc, 0); }
-static void stats_rows_f32(const void *x, int64_t rows, int64_t w, const double *shift, double *acc)
+/* the loops under bn_entries.h's names: a run is one row whose parameters
+ * are column 0 */
+static inline void apply_run_s(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
 {
-    stats_rows_s(x, rows, w, shift, acc, 0);
+    apply_s(x, y, 1, n, 1, p, dt);
 }
-static void apply_run_f32(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p) { apply_s(x, y, 1, n, 1, p, 0); }
-static void apply_rows_f32(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+static inline void apply_rows_s(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
 {
-    apply_s(x, y, rows, w, 0, p, 0);
+    apply_s(x, y, rows, w, 0, p, dt);
 }
-static void gstats_run_f32(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+static inline void gstats_run_s(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int dt)
 {
-    gstats_s(dy, x, 1, n, 1, p, acc, 0);
+    gstats_s(dy, x, 1, n, 1, p, acc, dt);
 }
-static void gstats_rows_f32(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
+static inline void gstats_rows_s(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                                 double *acc, int dt)
 {
-    gstats_s(dy, x, rows, w, 0, p, acc, 0);
+    gstats_s(dy, x, rows, w, 0, p, acc, dt);
 }
-static void gapply_run_f32(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
+static inline void gapply_run_s(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
-    gapply_s(dy, x, dx, 1, n, 1, p, 0);
+    gapply_s(dy, x, dx, 1, n, 1, p, dt);
 }
-static void gapply_rows_f32(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
+static inline void gapply_rows_s(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
+                                 const cfbn_grad_f32 *p, int dt)
 {
-    gapply_s(dy, x, dx, rows, w, 0, p, 0);
+    gapply_s(dy, x, dx, rows, w, 0, p, dt);
 }
-static void apply_run_fused_f32(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)
+static inline void fapply_run_s(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
 {
-    apply_fused_s(x, y, 1, n, 1, p, 0);
+    apply_fused_s(x, y, 1, n, 1, p, dt);
 }
-static void apply_rows_fused_f32(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
+static inline void fapply_rows_s(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
 {
-    apply_fused_s(x, y, rows, w, 0, p, 0);
+    apply_fused_s(x, y, rows, w, 0, p, dt);
 }
-static void gstats_run_fused_f32(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
+static inline void fgstats_run_s(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc,
+                                 int dt)
 {
-    gstats_fused_s(dy, x, 1, n, 1, p, acc, 0);
+    gstats_fused_s(dy, x, 1, n, 1, p, acc, dt);
 }
-static void gstats_rows_fused_f32(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                                  double *acc)
+static inline void fgstats_rows_s(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                                  double *acc, int dt)
 {
-    gstats_fused_s(dy, x, rows, w, 0, p, acc, 0);
+    gstats_fused_s(dy, x, rows, w, 0, p, acc, dt);
 }
-static void gapply_run_fused_f32(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
+static inline void fgapply_run_s(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
-    gapply_fused_s(dy, x, dx, 1, n, 1, p, 0);
+    gapply_fused_s(dy, x, dx, 1, n, 1, p, dt);
 }
-static void gapply_rows_fused_f32(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
-                                  const cfbn_grad_f32 *p)
+static inline void fgapply_rows_s(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
+                                  const cfbn_grad_f32 *p, int dt)
 {
-    gapply_fused_s(dy, x, dx, rows, w, 0, p, 0);
+    gapply_fused_s(dy, x, dx, rows, w, 0, p, dt);
 }
 
-static void stats_run_f16(const void *x, int64_t n, double shift, double *acc) { stats_run_s(x, n, shift, acc, 1); }
-static void stats_rows_f16(const void *x, int64_t rows, int64_t w, const double *shift, double *acc)
-{
-    stats_rows_s(x, rows, w, shift, acc, 1);
-}
-static void apply_run_f16(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p) { apply_s(x, y, 1, n, 1, p, 1); }
-static void apply_rows_f16(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
-{
-    apply_s(x, y, rows, w, 0, p, 1);
-}
-static void gstats_run_f16(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
-{
-    gstats_s(dy, x, 1, n, 1, p, acc, 1);
-}
-static void gstats_rows_f16(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p, double *acc)
-{
-    gstats_s(dy, x, rows, w, 0, p, acc, 1);
-}
-static void gapply_run_f16(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
-{
-    gapply_s(dy, x, dx, 1, n, 1, p, 1);
-}
-static void gapply_rows_f16(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p)
-{
-    gapply_s(dy, x, dx, rows, w, 0, p, 1);
-}
-static void apply_run_fused_f16(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)
-{
-    apply_fused_s(x, y, 1, n, 1, p, 1);
-}
-static void apply_rows_fused_f16(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)
-{
-    apply_fused_s(x, y, rows, w, 0, p, 1);
-}
-static void gstats_run_fused_f16(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc)
-{
-    gstats_fused_s(dy, x, 1, n, 1, p, acc, 1);
-}
-static void gstats_rows_fused_f16(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                                  double *acc)
-{
-    gstats_fused_s(dy, x, rows, w, 0, p, acc, 1);
-}
-static void gapply_run_fused_f16(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)
-{
-    gapply_fused_s(dy, x, dx, 1, n, 1, p, 1);
-}
-static void gapply_rows_fused_f16(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
-                                  const cfbn_grad_f32 *p)
-{
-    gapply_fused_s(dy, x, dx, rows, w, 0, p, 1);
-}
+CFBN_FLOAT_ENTRIES(f32, CFBN_F32, s)
+CFBN_FLOAT_ENTRIES(f16, CFBN_F16, s)
+CFBN_FLOAT_ENTRIES(bf16, CFBN_BF16, s)
 
 /* ---- float64 ---- */
 
@@ -403,13 +351,7 @@ static void gapply_rows_fused_f64(const void *dy, const void *x, void *dx, int64
 
 const cfbn_kernels cfbn_kernels_scalar = {
     .name = "scalar",
-    .f32 = {
-        stats_run_f32, stats_rows_f32, apply_run_f32, apply_rows_f32,
-        gstats_run_f32, gstats_rows_f32, gapply_run_f32, gapply_rows_f32,
-        .apply_run_fused = apply_run_fused_f32, .apply_rows_fused = apply_rows_fused_f32,
-        .gstats_run_fused = gstats_run_fused_f32, .gstats_rows_fused = gstats_rows_fused_f32,
-        .gapply_run_fused = gapply_run_fused_f32, .gapply_rows_fused = gapply_rows_fused_f32,
-    },
+    .f32 = { CFBN_FLOAT_TABLE(f32) },
     .f64 = {
         stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
         gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
@@ -417,11 +359,6 @@ const cfbn_kernels cfbn_kernels_scalar = {
         .gstats_run_fused = gstats_run_fused_f64, .gstats_rows_fused = gstats_rows_fused_f64,
         .gapply_run_fused = gapply_run_fused_f64, .gapply_rows_fused = gapply_rows_fused_f64,
     },
-    .f16 = {
-        stats_run_f16, stats_rows_f16, apply_run_f16, apply_rows_f16,
-        gstats_run_f16, gstats_rows_f16, gapply_run_f16, gapply_rows_f16,
-        .apply_run_fused = apply_run_fused_f16, .apply_rows_fused = apply_rows_fused_f16,
-        .gstats_run_fused = gstats_run_fused_f16, .gstats_rows_fused = gstats_rows_fused_f16,
-        .gapply_run_fused = gapply_run_fused_f16, .gapply_rows_fused = gapply_rows_fused_f16,
-    },
+    .f16 = { CFBN_FLOAT_TABLE(f16) },
+    .bf16 = { CFBN_FLOAT_TABLE(bf16) },
 };

@@ -36,7 +36,9 @@
 extern "C" {
 #endif
 
-enum cfbn_dtype { CFBN_F32 = 0, CFBN_F64 = 1, CFBN_F16 = 2 };
+/* Tensor dtypes.  f16 and bf16 tensors are 2-byte storage computed in float
+ * with float per-channel vectors, as f32 tensors. */
+enum cfbn_dtype { CFBN_F32 = 0, CFBN_F64 = 1, CFBN_F16 = 2, CFBN_BF16 = 3 };
 enum cfbn_layout { CFBN_CHANNELS_LAST = 0, CFBN_CHANNELS_FIRST = 1 };
 enum cfbn_isa { CFBN_ISA_SCALAR = 0, CFBN_ISA_AVX2 = 1, CFBN_ISA_NEON = 2, CFBN_ISA_COUNT = 3 };
 
@@ -62,8 +64,8 @@ enum cfbn_activation {
  * be written with non-temporal stores; results are the same either way.
  * act, act_alpha: the fused activation (CFBN_ACT_NONE: identity).
  * side: NULL, or a side input added before the activation, in x's type and
- * at x's offset for this call (f16 tensors: uint16_t).  With act NONE and side
- * NULL a call is the plain normalization; the router (bn_route.c) reads
+ * at x's offset for this call (f16 and bf16 tensors: uint16_t).  With act
+ * NONE and side NULL a call is the plain normalization; the router (bn_route.c) reads
  * these fields to pick a table entry, and the plain entries ignore them. */
 typedef struct {
     const float *mhi, *mlo, *alpha, *beta;
@@ -136,8 +138,9 @@ typedef struct {
  *   *_fused     one run or rows with the activation and side input of the
  *               parameter structs, in one pass (the fallback is two passes
  *               over L1-sized blocks)
- * Differences x - mhi - mlo are formed in the compute type (float for f32 and
- * f16, double for f64); products for sums are formed and summed in double.
+ * Differences x - mhi - mlo are formed in the compute type (float for f32,
+ * f16 and bf16, double for f64); products for sums are formed and summed in
+ * double.
  * A kernel may instead sum small blocks in float where that is faster, if it
  * sums again in double every column (or run) whose float sums left float's
  * range: sums must not overflow, or lose bits below 2^-126, where the
@@ -217,14 +220,16 @@ typedef struct {
     cfbn_gapply_rows_f64_fn gapply_rows_fused;
 } cfbn_double_kernels;
 
-/* One ISA's table: a sub-table per dtype (enum cfbn_dtype).  A new storage
- * type computed in float (bfloat16) is one more cfbn_float_kernels member
- * and one more case in cfbn_route_float_table. */
+/* One ISA's table: a sub-table per dtype (enum cfbn_dtype).  A storage type
+ * computed in float is a cfbn_float_kernels member, a case in
+ * cfbn_route_float_table and the element access of each ISA's float loops
+ * (bn_entries.h makes its entries from them). */
 typedef struct cfbn_kernels {
     const char *name;
     cfbn_float_kernels f32;
     cfbn_double_kernels f64;
     cfbn_float_kernels f16;
+    cfbn_float_kernels bf16;
 } cfbn_kernels;
 
 /* The tables.  Each exists only where its ISA file is compiled in. */
@@ -273,7 +278,7 @@ typedef struct {
     void *side_grad;         /* gradient only: dy * act'(pre); may be NULL */
 } cfbn_fusion;
 
-/* Per-channel vectors are float for f32 and f16 tensors, double for f64.
+/* Per-channel vectors are float for f32, f16 and bf16 tensors, double for f64.
  * Return 0, or -1 when scratch memory could not be allocated. */
 int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
                           const void *x, const void *scale, const void *offset,

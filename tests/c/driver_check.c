@@ -25,7 +25,7 @@
 #endif
 
 #include "cfbn.h"
-#include "half.h"
+#include "storage.h"
 
 /* The fused-operation argument of the driver calls, where the driver has one. */
 #ifdef CFBN_DRIVER_FUSION

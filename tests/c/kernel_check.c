@@ -8,7 +8,7 @@
  *     written) and framed by guard elements (none may be touched).
  *   - apply/gapply may differ from scalar by FMA contraction: the tolerance
  *     is two ulps of the sum of the magnitudes of the terms (plus one ulp of
- *     the result for half, whose final rounding may then flip).
+ *     the result for the 2-byte types, whose final rounding may then flip).
  *   - stats/gstats sums may differ by summation order: 2e-12 relative to the
  *     sum of the magnitudes of the terms; for float and half rows and
  *     gradient runs, whose SIMD kernels may sum blocks of 8 vectors pairwise
@@ -40,12 +40,14 @@
 #include "bn_act.h"
 #include "bn_route.h"
 #include "cfbn.h"
-#include "half.h"
+#include "storage.h"
 
 enum { K_STATS, K_APPLY, K_GSTATS, K_GAPPLY };
 static const char *kname[] = {"stats", "apply", "gstats", "gapply"};
-static const char *dname[] = {"f32", "f64", "f16"};
-static const size_t esize[] = {4, 8, 2};
+/* by enum cfbn_dtype */
+#define N_DTYPES 4
+static const char *dname[N_DTYPES] = {"f32", "f64", "f16", "bf16"};
+static const size_t esize[N_DTYPES] = {4, 8, 2, 2};
 
 static long n_pass, n_fail;
 
@@ -135,7 +137,7 @@ static void out_poison(outbuf *o)
             float v = NAN;
             memcpy(o->p + i * 4, &v, 4);
         } else {
-            uint16_t v = 0x7e00;
+            uint16_t v = 0xffff;   /* nan as binary16 and as bfloat16 */
             memcpy(o->p + i * 2, &v, 2);
         }
     }
@@ -156,19 +158,27 @@ static void out_free(outbuf *o) { free(o->raw); }
 
 static double get(int dt, const void *p, int64_t i)
 {
-    if (dt == CFBN_F32) return ((const float *)p)[i];
     if (dt == CFBN_F64) return ((const double *)p)[i];
-    return cfbn_half_to_float(((const uint16_t *)p)[i]);
+    return cfbn_load_float(dt, p, i);
 }
 
 static void put(int dt, void *p, int64_t i, double v)
 {
-    if (dt == CFBN_F32) ((float *)p)[i] = (float)v;
-    else if (dt == CFBN_F64) ((double *)p)[i] = v;
-    else ((uint16_t *)p)[i] = cfbn_float_to_half((float)v);
+    if (dt == CFBN_F64) ((double *)p)[i] = v;
+    else cfbn_store_float(dt, p, i, (float)v);
 }
 
-/* x - mhi - mlo as the kernels form it: in float for f32/f16, double for f64 */
+/* One ulp of a result v stored as dt when that is a 2-byte type (whose final
+ * rounding may flip where two kernels' float results differ), else 0. */
+static double storage_ulp(int dt, double v)
+{
+    if (dt == CFBN_F16) return fabs(v) * 0x1p-10 + 0x1p-24;
+    if (dt == CFBN_BF16) return fabs(v) * 0x1p-7 + 0x1p-133;
+    return 0.0;
+}
+
+/* x - mhi - mlo as the kernels form it: in float for f32/f16/bf16, double
+ * for f64 */
 static double centered(int dt, double x, double mhi, double mlo)
 {
     if (dt == CFBN_F64) return (x - mhi) - mlo;
@@ -214,7 +224,8 @@ static void *alloc_param(tcase *t, int slot, const double *v, int64_t w)
  *          3: mean -3, std 50, shift a sample, mean slightly off
  * and the ends of the exponent range, where sums, squares and products
  * formed in float leave float's range while the double sums do not (half
- * data are scaled to half's range instead, where float sums cannot):
+ * data are scaled to half's range instead, where float sums cannot;
+ * bfloat16 has float's range):
  *          4: std 2^62, dy about 2^64: squares and products beyond 2^128
  *          5: x uniform in +-3e38, shift and mean 0: block sums overflow
  *          6: mean and std 2^-70, dy about 2^-60: squares and products
@@ -320,7 +331,7 @@ static void call(const cfbn_kernels *k, int kind, const tcase *t, const void *x,
     const void *side = g_side ? (g_side_at ? g_side_at : t->side) : NULL;
     if (kind == K_STATS) {
         cfbn_route_stats(k, t->dt, x, nr, w, !rows, t->shift, out);
-    } else if (t->dt == CFBN_F32 || t->dt == CFBN_F16) {
+    } else if (t->dt != CFBN_F64) {
         cfbn_apply_f32 ap = {t->mhi, t->mlo, t->pa, t->pb, g_stream, g_act, (float)g_alpha, side,
                              g_runs, g_stride};
         cfbn_grad_f32 gp = {t->mhi, t->mlo, t->pa, t->pb, t->pc, g_stream, g_act, (float)g_alpha,
@@ -341,8 +352,7 @@ static void call(const cfbn_kernels *k, int kind, const tcase *t, const void *x,
 /* The optional entries a table fills: which of them the scenarios reach. */
 static void print_entries(const cfbn_kernels *k)
 {
-    static const char *dn[] = {"f32", "f64", "f16"};
-    for (int d = 0; d < 3; d++) {
+    for (int d = 0; d < N_DTYPES; d++) {
         int runs, stream, fused;
         if (d == CFBN_F64) {
             const cfbn_double_kernels *o = &k->f64;
@@ -357,7 +367,7 @@ static void print_entries(const cfbn_kernels *k)
             fused = !!o->apply_run_fused + !!o->apply_rows_fused + !!o->gstats_run_fused + !!o->gstats_rows_fused +
                     !!o->gapply_run_fused + !!o->gapply_rows_fused;
         }
-        printf("%s %s: optional entries runs %d/3, stream %d/4, fused %d/6\n", k->name, dn[d], runs, stream, fused);
+        printf("%s %s: optional entries runs %d/3, stream %d/4, fused %d/6\n", k->name, dname[d], runs, stream, fused);
     }
 }
 
@@ -445,7 +455,7 @@ static int check_one(const cfbn_kernels *k, int kind, const tcase *t, int scenar
             }
             double want = get(dt, ref.p, i), have = get(dt, got.p, i);
             double tol = 2.0 * eps * mag + 1e-300;
-            if (dt == CFBN_F16) tol += fabs(want) * 0x1p-10 + 0x1p-24;
+            tol += storage_ulp(dt, want);
             /* equal infinities: overflow in both (their difference is NaN) */
             if (!(have == want || fabs(have - want) <= tol))
                 ok = report(k, kind, t, scenario, inplace ? "value (in place)" : "value", i, have, want, tol);
@@ -603,12 +613,12 @@ static int check_fused(const cfbn_kernels *k, int kind, const tcase *t, int scen
                 if (with_sg) {
                     double sw = get(dt, sref.p, i), sh = get(dt, sgot.p, i);
                     double st = fabs(gv) * der_tol + 2.0 * eps * fabs(gg) + 1e-300;
-                    if (dt == CFBN_F16) st += fabs(sw) * 0x1p-10 + 0x1p-24;
+                    st += storage_ulp(dt, sw);
                     if (!(fabs(sh - sw) <= st)) ok = report(k, kind, t, scenario, "side_grad", i, sh, sw, st);
                 }
             }
             tol += 1e-300;
-            if (dt == CFBN_F16) tol += fabs(want) * 0x1p-10 + 0x1p-24;
+            tol += storage_ulp(dt, want);
             if (ok && !(fabs(have - want) <= tol)) ok = report(k, kind, t, scenario, what, i, have, want, tol);
         }
     }
@@ -621,6 +631,48 @@ static int check_fused(const cfbn_kernels *k, int kind, const tcase *t, int scen
     return ok;
 }
 
+/* Rounding to the 2-byte types, bit for bit: every 2-byte pattern x times
+ * alpha (mhi = mlo = beta = 0, so the float result is the one rounding of
+ * x * alpha + 0 with or without FMA) must be stored as storage.h rounds that
+ * float, nan as any nan and a zero of either sign as zero (FMA keeps the
+ * sign of a product that underflows; mul then add gives +0). */
+static void check_narrowing(const cfbn_kernels *k)
+{
+    static const float alphas[] = {1.0f, 1.00390625f, 1.0029296875f, 0.3333333f, 1.5f, 0x1p-20f, 0x1p20f, -7.77f};
+    const int64_t n = 65536;
+    long bad = 0, checks = 0;
+    uint16_t *x = malloc((size_t)n * 2), *y = malloc((size_t)(n + 1) * 2);
+    if (!x || !y) exit(2);
+    for (int64_t i = 0; i < n; i++) x[i] = (uint16_t)i;
+    for (int dt = CFBN_F16; dt <= CFBN_BF16; dt++) {
+        for (size_t a = 0; a < sizeof alphas / sizeof *alphas; a++) {
+            float zero = 0.0f, al = alphas[a];
+            cfbn_apply_f32 ap = {&zero, &zero, &al, &zero, 0, CFBN_ACT_NONE, 0.0f, NULL, 0, 0};
+            for (int misalign = 0; misalign <= 1; misalign++) {
+                uint16_t *out = y + misalign;
+                for (int64_t i = 0; i < n; i++) out[i] = 0xffff;
+                cfbn_route_apply_f32(k, dt, x, out, n, 1, 1, &ap);
+                for (int64_t i = 0; i < n; i++) {
+                    float want_f = (float)((double)cfbn_load_float(dt, x, i) * (double)al) + zero;
+                    uint16_t want = 0;
+                    cfbn_store_float(dt, &want, 0, want_f);
+                    float got = cfbn_load_float(dt, out, i), wv = cfbn_load_float(dt, &want, 0);
+                    int ok = out[i] == want || (got != got && wv != wv) || (got == 0.0f && wv == 0.0f);
+                    checks++;
+                    if (!ok && bad++ < 5)
+                        printf("FAIL narrowing %s %s: x=0x%04x alpha=%g got 0x%04x want 0x%04x\n", k->name,
+                               dname[dt], (unsigned)x[i], (double)al, (unsigned)out[i], (unsigned)want);
+                }
+            }
+        }
+    }
+    free(x);
+    free(y);
+    n_pass += checks - bad;
+    n_fail += bad;
+    printf("kernel_check %s narrowing: %ld checks, %ld failed\n", k->name, checks, bad);
+}
+
 static void check_fused_table(const cfbn_kernels *k)
 {
     static const int64_t ns[] = {0, 1, 3, 8, 17, 33, 511, 512, 513, 1100};
@@ -628,7 +680,7 @@ static void check_fused_table(const cfbn_kernels *k)
     static const int64_t ws[] = {1, 2, 3, 8, 9, 16, 17, 100, 600};
     static const double alphas[CFBN_ACT_COUNT] = {0.0, 0.0, 0.0, 0.2, 1.3, 0.0, 0.0, 0.0};
     long before_pass = n_pass, before_fail = n_fail;
-    for (int dt = 0; dt < 3; dt++) {
+    for (int dt = 0; dt < N_DTYPES; dt++) {
         /* scenarios 0 and 3 for every kernel; the exponent-range ones (4 to
          * 7), which exist for the sums, for the gradient sums */
         for (int s = 0; s < SCENARIOS; s += s == 0 ? 3 : 1) {
@@ -722,7 +774,7 @@ static int check_runs(const cfbn_kernels *k, int kind, const tcase *t, int scena
                                          : fabs(get(dt, t->dy, i) * pget(t, t->pa, 0)) + fabs(d * pget(t, t->pb, 0))
                                                + fabs(pget(t, t->pc, 0));
             double tol = 2.0 * eps * mag + 1e-300;
-            if (dt == CFBN_F16) tol += fabs(want) * 0x1p-10 + 0x1p-24;
+            tol += storage_ulp(dt, want);
             if (!(fabs(have - want) <= tol)) ok = report(k, kind, &one, scenario, "runs: value", i, have, want, tol);
         }
     }
@@ -773,7 +825,7 @@ static void check_table(const cfbn_kernels *k)
     static const int64_t rows[] = {0, 1, 2, 3, 7, 9, 33};
     static const int64_t ws[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 20, 24, 31, 32, 33, 36, 64, 100, 257, 1000};
     long before_pass = n_pass, before_fail = n_fail;
-    for (int dt = 0; dt < 3; dt++) {
+    for (int dt = 0; dt < N_DTYPES; dt++) {
         for (int s = 0; s < SCENARIOS; s++) {
             for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) check_case(k, dt, 0, ns[a], 1, s);
             for (size_t a = 0; a < sizeof rows / sizeof *rows; a++)
@@ -790,8 +842,8 @@ static cfbn_kernels plain_only(const cfbn_kernels *k, char *name, size_t len)
     cfbn_kernels b = *k;
     snprintf(name, len, "%s-plain", k->name);
     b.name = name;
-    cfbn_float_kernels *fl[] = {&b.f32, &b.f16};
-    for (int i = 0; i < 2; i++) {
+    cfbn_float_kernels *fl[] = {&b.f32, &b.f16, &b.bf16};
+    for (int i = 0; i < 3; i++) {
         cfbn_float_kernels *o = fl[i];
         o->apply_runs = NULL; o->gstats_runs = NULL; o->gapply_runs = NULL;
         o->apply_run_stream = NULL; o->apply_rows_stream = NULL;
@@ -814,6 +866,7 @@ static void check_all(const cfbn_kernels *k)
 {
     char name[64];
     print_entries(k);
+    check_narrowing(k);
     check_table(k);
     check_fused_table(k);
     cfbn_kernels b = plain_only(k, name, sizeof name);
@@ -828,6 +881,7 @@ int main(void)
      * plain entries under the fallbacks */
     char name[64];
     print_entries(&cfbn_kernels_scalar);
+    check_narrowing(&cfbn_kernels_scalar);
     check_fused_table(&cfbn_kernels_scalar);
     cfbn_kernels sb = plain_only(&cfbn_kernels_scalar, name, sizeof name);
     check_fused_table(&sb);

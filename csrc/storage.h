@@ -1,10 +1,15 @@
-/* IEEE binary16 <-> binary32 conversion in portable C.  Static inline so that
- * each ISA file gets its own copy compiled with its own flags. */
-#ifndef CFBN_HALF_H
-#define CFBN_HALF_H
+/* How tensors are stored: element sizes, and the 2-byte storage types <->
+ * binary32 in portable C (IEEE binary16, and bfloat16: the upper half of a
+ * binary32).  Static inline so that each ISA file gets its own copy
+ * compiled with its own flags. */
+#ifndef CFBN_STORAGE_H
+#define CFBN_STORAGE_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "cfbn.h"
 
 static inline float cfbn_half_to_float(uint16_t h)
 {
@@ -63,6 +68,47 @@ static inline uint16_t cfbn_float_to_half(float f)
         h++;                            /* may carry into the exponent: correct */
     }
     return (uint16_t)(sign | h);
+}
+
+/* bfloat16 -> float is exact: the bits are the float's upper half. */
+static inline float cfbn_bf16_to_float(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Round to nearest, ties to even (the carry out of the mantissa is the
+ * exponent's increment, up to inf); nan stays nan, made quiet. */
+static inline uint16_t cfbn_float_to_bf16(float f)
+{
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* Bytes per element of a tensor of dtype dt (enum cfbn_dtype). */
+static inline size_t cfbn_storage_size(int dt)
+{
+    return dt == CFBN_F64 ? 8 : dt == CFBN_F32 ? 4 : 2;
+}
+
+/* Element i of a float-compute tensor (f32, f16, bf16) as float, exactly. */
+static inline float cfbn_load_float(int dt, const void *p, int64_t i)
+{
+    if (dt == CFBN_F16) return cfbn_half_to_float(((const uint16_t *)p)[i]);
+    if (dt == CFBN_BF16) return cfbn_bf16_to_float(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+/* Stores v as element i of a float-compute tensor, rounded to nearest even. */
+static inline void cfbn_store_float(int dt, void *p, int64_t i, float v)
+{
+    if (dt == CFBN_F16) ((uint16_t *)p)[i] = cfbn_float_to_half(v);
+    else if (dt == CFBN_BF16) ((uint16_t *)p)[i] = cfbn_float_to_bf16(v);
+    else ((float *)p)[i] = v;
 }
 
 #endif
