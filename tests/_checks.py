@@ -9,13 +9,17 @@ ill-conditioned, never merely because its values are large.
 import zlib
 from contextlib import contextmanager
 
+import ml_dtypes  # the test extra installs it: bfloat16 is tested wherever float16 is
 import numpy as np
 
 from cfbn import _kernels, reference
 
 EPS32 = float(np.finfo(np.float32).eps)
 
-DTYPES = [np.float32, np.float64, np.float16]
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.float32, np.float64, np.float16, BFLOAT16]
+#: The 2-byte storage types: float32 vectors, computed in float32, outputs rounded.
+HALF_DTYPES = (np.dtype(np.float16), BFLOAT16)
 LAYOUTS = list(reference.LAYOUTS)
 CHANNELS_FIRST = {"NCHW", "NCDHW"}
 
@@ -53,16 +57,27 @@ def seed_of(*parts):
 def unit(dtype):
     """Error unit of the arithmetic used for ``dtype`` data.
 
-    float16 data are computed in float32. For float64 the unit is far above
+    float16 and bfloat16 data are computed in float32. For float64 the unit is far above
     the machine epsilon so that plain double sums over a few thousand
     elements pass, while a result computed in float32 cannot.
     """
     return 1e-13 if np.dtype(dtype) == np.float64 else EPS32
 
 
+def is_half(dtype):
+    """Whether ``dtype`` is float16 or bfloat16."""
+    return np.dtype(dtype) in HALF_DTYPES
+
+
 def vector_dtype(dtype):
     """Dtype of the per-channel vectors that go with ``x`` of ``dtype``."""
-    return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
+    return np.dtype(np.float32) if is_half(dtype) else np.dtype(dtype)
+
+
+def ulp_of(ref, dtype):
+    """One unit in the last place of ``ref`` rounded to ``dtype`` (a 2-byte type), in float64."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.spacing(np.abs(np.asarray(ref, np.float64)).astype(dtype)).astype(np.float64)
 
 
 def make_shape(data_format, batch, spatial, channels):
@@ -152,8 +167,8 @@ class Unmodified:
 def assert_close(name, got, ref, tol, out_dtype=None):
     """Check ``|got - ref| <= tol`` elementwise, with NaN where and only where ``ref`` is NaN.
 
-    For float16 results one float16 ulp of ``ref`` is added to ``tol``: the
-    value is computed in float32 and rounded once.
+    For float16 and bfloat16 results one ulp of ``ref`` in that type is added
+    to ``tol``: the value is computed in float32 and rounded once.
     """
     got = np.asarray(got)
     out_dtype = got.dtype if out_dtype is None else np.dtype(out_dtype)
@@ -162,8 +177,8 @@ def assert_close(name, got, ref, tol, out_dtype=None):
     assert got.shape == ref.shape, f"{name}: shape {got.shape}, expected {ref.shape}"
     g = got.astype(np.float64)
     tol = np.broadcast_to(np.asarray(tol, dtype=np.float64), ref.shape)
-    if out_dtype == np.float16:
-        tol = tol + np.spacing(np.abs(ref).astype(np.float16)).astype(np.float64)
+    if is_half(out_dtype):
+        tol = tol + ulp_of(ref, out_dtype)
     ref_nan = np.isnan(ref)
     got_nan = np.isnan(g)
     if not np.array_equal(ref_nan, got_nan):
