@@ -6,13 +6,14 @@ the forward pass (training and inference) and the gradient beside the NumPy
 reference, as time per call and effective bandwidth (minimal bytes moved:
 2x the size of x for a forward pass, 3x for a gradient).
 """
+import importlib.util
 import sys
 import time
 
 import numpy as np
 
 import cfbn
-from cfbn import reference
+from cfbn import _args, reference
 
 CHECK_CASES = [
     ((4, 7, 9, 17), "NHWC"), ((3, 17, 5, 11), "NCHW"), ((257, 3), "NC"),
@@ -24,7 +25,7 @@ BENCH_SHAPES = [(32, 56, 56, 64), (32, 14, 14, 256), (1, 8, 8, 16)]
 def _inputs(rng, shape, data_format, dtype, loc=3.0, spread=2.0):
     x = (rng.standard_normal(shape) * spread + loc).astype(dtype)
     c = shape[1] if data_format in ("NCHW", "NCDHW") else shape[-1]
-    vdt = np.float32 if dtype == np.float16 else dtype
+    vdt = _args.dtype_kinds(np.dtype(dtype), "x")[1]
     scale = (rng.standard_normal(c) + 1).astype(vdt)
     offset = rng.standard_normal(c).astype(vdt)
     mean = rng.standard_normal(c).astype(vdt)
@@ -39,10 +40,23 @@ def _close(got, want, tol):
     return bool(np.all(err <= bound)), float(np.max(err / bound, initial=0.0))
 
 
-def self_check(rng):
-    """Compare the active kernels with the float64 reference; return failures."""
+def check_tolerances():
+    """dtype -> relative tolerance of the self-check, bfloat16 included where
+    ml_dtypes is installed (cfbn itself never imports it)."""
+    tols = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-11,
+            np.dtype(np.float16): 4e-3}
+    if importlib.util.find_spec("ml_dtypes") is not None:
+        import ml_dtypes
+        # bfloat16 keeps 8 significant bits: one ulp is 2**-7 of the value
+        # at the bottom of a binade, two roundings to nearest at most.
+        tols[np.dtype(ml_dtypes.bfloat16)] = 2.0 ** -7
+    return tols
+
+
+def self_check(rng, tols):
+    """Compare the active kernels with the float64 reference for each dtype
+    of `tols` (dtype -> relative tolerance); return the failures."""
     failures = []
-    tols = {np.float32: 1e-5, np.float64: 1e-11, np.float16: 4e-3}
     for shape, fmt in CHECK_CASES:
         for dtype, tol in tols.items():
             for training in (True, False):
@@ -112,14 +126,15 @@ def main():
                 "output_cache_limit"):
         print("  %-15s %s" % (key, info[key]))
     rng = np.random.default_rng(2024)
-    failures = self_check(rng)
+    tols = check_tolerances()
+    failures = self_check(rng, tols)
     if failures:
         print("\nself-check FAILED (%d):" % len(failures))
         for f in failures:
             print("  " + f)
         return 1
-    print("\nself-check passed: %d shapes x 5 layouts x float32/float64/float16, forward and "
-          "gradient, against cfbn.reference (float64)" % len(CHECK_CASES))
+    print("\nself-check passed: %d shapes over 5 layouts x %s, forward and gradient, against "
+          "cfbn.reference (float64)" % (len(CHECK_CASES), "/".join(d.name for d in tols)))
     print("\nfloat32 NHWC, %s kernels, %d threads; median of repeated calls, outputs allocated "
           "by each call\n"
           % (info["selected_isa"], info["max_threads"]))

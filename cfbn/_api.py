@@ -17,10 +17,11 @@ def fused_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4
     Parameters
     ----------
     x : ndarray
-        float32, float64 or float16 tensor laid out as `data_format`.
+        float32, float64, float16 or bfloat16 (``ml_dtypes.bfloat16``) tensor
+        laid out as `data_format`.
     scale, offset : ndarray
-        Per-channel gamma and beta, 1-D of length C (float32 for float16 x,
-        else x's dtype).
+        Per-channel gamma and beta, 1-D of length C (float32 for float16 and
+        bfloat16 x, else x's dtype).
     mean, variance : ndarray, optional
         Running (population) statistics.  Required when `is_training` is False,
         and in training when `exponential_avg_factor` is not 1.

@@ -32,10 +32,11 @@ LAYOUTS = {"NHWC": (4, False), "NDHWC": (5, False), "NC": (2, False),
            "NCHW": (4, True), "NCDHW": (5, True)}
 CHANNELS_LAST, CHANNELS_FIRST = 0, 1
 
-# tensor dtype -> (kernel dtype code, dtype of the per-channel vectors)
+# tensor dtype -> (kernel dtype code, dtype of the per-channel vectors).
+# bfloat16 (code 3) joins on first sight: see bfloat16_kinds.
 _F32, _F64, _F16 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)
 DTYPES = {_F32: (0, _F32), _F64: (1, _F64), _F16: (2, _F32)}
-
+BF16_KINDS = (3, _F32)
 
 
 def is_cupy(a):
@@ -85,9 +86,42 @@ def dtype_kinds(dtype, name):
     """(kernel dtype code, vector dtype) of a tensor dtype, or TypeError."""
     kinds = DTYPES.get(dtype)
     if kinds is None:
-        raise TypeError("%s: expected float32, float64 or float16 (native byte order), got %s"
-                        % (name, dtype))
+        kinds = bfloat16_kinds(dtype)
+        if kinds is None:
+            raise TypeError("%s: expected float32, float64, float16 or bfloat16 (native byte "
+                            "order), got %s" % (name, dtype))
     return kinds
+
+
+def is_bfloat16(dtype):
+    """Whether `dtype` is ml_dtypes.bfloat16 in native byte order.
+
+    NumPy has no bfloat16; ml_dtypes registers one as a user-defined type
+    whose type number depends on the order of registration, so it is known
+    by its name, size and the module of its scalar type.  Nothing here
+    imports ml_dtypes: an array of that dtype exists only once its user has.
+    """
+    if getattr(dtype, "name", None) != "bfloat16" or dtype.itemsize != 2 or not dtype.isnative:
+        return False
+    module = getattr(dtype.type, "__module__", None) or ""
+    return module == "ml_dtypes" or module.startswith("ml_dtypes.")
+
+
+def is_floating(dtype):
+    """Whether `dtype` is a real floating-point type, bfloat16 included
+    (NumPy files ml_dtypes' types under no abstract type of its own)."""
+    return np.issubdtype(dtype, np.floating) or is_bfloat16(dtype)
+
+
+def bfloat16_kinds(dtype):
+    """The kinds of a bfloat16 dtype, entered in DTYPES (and the fast
+    paths' type number set) on first sight so that later calls find it in
+    one lookup; None for any other dtype."""
+    if not is_bfloat16(dtype):
+        return None
+    _kernels.set_bfloat16_type(dtype.num)
+    DTYPES[dtype] = BF16_KINDS
+    return BF16_KINDS
 
 
 def format_spec(data_format):

@@ -46,11 +46,14 @@ MIN_WIDTH = 128
 
 LAYOUT_NAMES = {_args.CHANNELS_LAST: "last", _args.CHANNELS_FIRST: "first"}
 
-# x dtype -> (suffix, x type, vector type, compute type, math suffix)
+# kernel dtype code of x (cfbn._args.DTYPES) -> (suffix, x type, vector type,
+# compute type, math suffix).  Keyed by code, not by dtype, so that bfloat16
+# (ml_dtypes', which CuPy takes since v14) needs no import of ml_dtypes here.
 _TYPES = {
-    np.dtype(np.float32): ("f32", "float32", "float32", "float", "f"),
-    np.dtype(np.float64): ("f64", "float64", "float64", "double", "d"),
-    np.dtype(np.float16): ("f16", "float16", "float32", "float", "f"),
+    0: ("f32", "float32", "float32", "float", "f"),
+    1: ("f64", "float64", "float64", "double", "d"),
+    2: ("f16", "float16", "float32", "float", "f"),
+    3: ("bf16", "bfloat16", "float32", "float", "f"),
 }
 
 # Parameters that the calls pass as Python scalars (everything else is an array).
@@ -319,7 +322,7 @@ def _grad_finalize_spec(key):
 
 def _all_specs():
     specs = {}
-    for dtype, key in _TYPES.items():
+    for key in _TYPES.values():
         sfx = key[0]
         for layout in ("last", "first"):
             specs["cfbn_stats_%s_%s" % (sfx, layout)] = _stats_spec(key, layout)
@@ -331,8 +334,9 @@ def _all_specs():
             specs["cfbn_gapply_act_%s_%s" % (sfx, layout)] = _gapply_act_spec(key, layout, False)
             specs["cfbn_gapply_side_%s_%s" % (sfx, layout)] = _gapply_act_spec(key, layout, True)
         specs["cfbn_finalize_%s" % sfx] = _forward_finalize_spec(key)
-        if sfx != "f16":
-            # float16 tensors have float32 vectors: they share the f32 kernels.
+        if sfx not in ("f16", "bf16"):
+            # float16 and bfloat16 tensors have float32 vectors: they share
+            # the f32 kernels.
             specs["cfbn_infer_finalize_%s" % sfx] = _inference_finalize_spec(key)
             specs["cfbn_grad_finalize_%s" % sfx] = _grad_finalize_spec(key)
             specs["cfbn_grad_prep_%s" % sfx] = _grad_prep_spec(key)
@@ -417,8 +421,8 @@ def _outputs(cupy, out, fields, specs, inputs, device, in_place):
 
 
 def _tensor(cupy, x):
-    _args.dtype_kinds(x.dtype, "x")
-    return cupy.ascontiguousarray(x), _TYPES[x.dtype][0]
+    code = _args.dtype_kinds(x.dtype, "x")[0]
+    return cupy.ascontiguousarray(x), _TYPES[code][0]
 
 
 def _partial_sums(cupy, name, layout, outer, channels, inner, tensors):

@@ -534,6 +534,19 @@ cdef inline int _plain_activation(object activation, object alpha, double *act_a
     return code
 
 
+# NumPy type number of ml_dtypes.bfloat16, a user-defined type whose number
+# is fixed only when ml_dtypes registers it; -1 until cfbn._args has
+# recognized one (before that, a bfloat16 call takes the general path).
+cdef int _bfloat16_type = -1
+
+
+def set_bfloat16_type(int typenum):
+    """Let the fast paths take arrays of NumPy type `typenum` as bfloat16
+    (kernel dtype code 3); set by cfbn._args when it accepts that dtype."""
+    global _bfloat16_type
+    _bfloat16_type = typenum
+
+
 cdef inline int _kind(object a) except -2:
     """Kernel dtype code of a plain C-contiguous aligned native array, else -1."""
     if type(a) is not cnp.ndarray:
@@ -549,6 +562,8 @@ cdef inline int _kind(object a) except -2:
         return 1
     if t == cnp.NPY_FLOAT16:
         return 2
+    if t == _bfloat16_type and t >= 0:
+        return 3
     return -1
 
 

@@ -104,7 +104,7 @@ def batch_norm_statistics(x, *, data_format="NHWC", n_threads=None):
     Parameters
     ----------
     x : ndarray
-        float32, float64 or float16 tensor laid out as `data_format`.
+        float32, float64, float16 or bfloat16 tensor laid out as `data_format`.
     data_format : {"NHWC", "NCHW", "NDHWC", "NCDHW", "NC"}
         Position of the channel axis.
     n_threads : int, optional
@@ -225,13 +225,14 @@ def batch_norm_apply(x, mean, variance, scale, offset, *, epsilon=1e-4, data_for
     Parameters
     ----------
     x : ndarray
-        float32, float64 or float16 tensor laid out as `data_format`.
+        float32, float64, float16 or bfloat16 tensor laid out as `data_format`.
     mean, variance : ndarray
         Per-channel mean and biased variance, float64 of length C (float32 is
         accepted and widened exactly).  For batch statistics use
         ``stats.mean`` and ``stats.variance()``.
     scale, offset : ndarray
-        Per-channel gamma and beta (float32 for float16 x, else x's dtype).
+        Per-channel gamma and beta (float32 for float16 and bfloat16 x, else
+        x's dtype).
     epsilon : float
         Added to the variance before the square root.
     data_format : {"NHWC", "NCHW", "NDHWC", "NCDHW", "NC"}
@@ -331,7 +332,7 @@ def batch_norm_grad_apply(dy, x, scale, mean, variance, sum_dy, sum_dy_xhat, cou
     dy, x : ndarray
         This shard's gradient with respect to y and forward input.
     scale : ndarray
-        Per-channel gamma (float32 for float16 x, else x's dtype).
+        Per-channel gamma (float32 for float16 and bfloat16 x, else x's dtype).
     mean, variance : ndarray
         The statistics the forward pass normalized with (float64 of length C;
         float32 is widened exactly).

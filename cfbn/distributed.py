@@ -52,12 +52,12 @@ def sync_batch_norm(x, scale, offset, mean=None, variance=None, *, epsilon=1e-4,
     Parameters
     ----------
     x : ndarray
-        This process's shard of the batch (float32, float64 or float16),
-        laid out as `data_format`; the batch is the concatenation of the
-        shards in rank order.  A shard may be empty.
+        This process's shard of the batch (float32, float64, float16 or
+        bfloat16), laid out as `data_format`; the batch is the concatenation
+        of the shards in rank order.  A shard may be empty.
     scale, offset : ndarray
-        Per-channel gamma and beta (float32 for float16 x, else x's dtype),
-        the same on every process.
+        Per-channel gamma and beta (float32 for float16 and bfloat16 x, else
+        x's dtype), the same on every process.
     mean, variance : ndarray, optional
         Running statistics; required when `exponential_avg_factor` is not 1.
     epsilon : float

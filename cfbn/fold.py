@@ -11,7 +11,7 @@ def _vec(v, name, c):
     if a.shape != (c,):
         raise ValueError("%s: expected shape (%d,) (one value per output channel), got %s"
                          % (name, c, a.shape))
-    if not np.issubdtype(a.dtype, np.floating):
+    if not _args.is_floating(a.dtype):
         raise TypeError("%s: expected a floating-point array, got %s" % (name, a.dtype))
     return a.astype(np.float64)
 
@@ -25,7 +25,8 @@ def fold_batch_norm(weight, bias, scale, offset, mean, variance, epsilon, out_ax
     Parameters
     ----------
     weight : ndarray
-        Weights of the convolution or linear layer.
+        Weights of the convolution or linear layer: real floating-point
+        (bfloat16 included) or integer.
     bias : ndarray or None
         Its bias, length C_out; None for a layer without one.
     scale, offset, mean, variance : ndarray
@@ -44,7 +45,8 @@ def fold_batch_norm(weight, bias, scale, offset, mean, variance, epsilon, out_ax
         In weight's dtype (float64 for an integer weight); computed in float64.
     """
     w = _args.as_array(weight, "weight")
-    if not (np.issubdtype(w.dtype, np.floating) or np.issubdtype(w.dtype, np.integer)):
+    floating = _args.is_floating(w.dtype)
+    if not (floating or np.issubdtype(w.dtype, np.integer)):
         # a complex weight would lose its imaginary part, a bool one mean nothing
         raise TypeError("weight: expected a real floating-point or integer array, got %s"
                         % w.dtype)
@@ -61,6 +63,6 @@ def fold_batch_norm(weight, bias, scale, offset, mean, variance, epsilon, out_ax
     folded_bias = (b - _vec(mean, "mean", c)) * k + _vec(offset, "offset", c)
     shape = [1] * w.ndim
     shape[axis] = c
-    out_dtype = w.dtype if np.issubdtype(w.dtype, np.floating) else np.dtype(np.float64)
+    out_dtype = w.dtype if floating else np.dtype(np.float64)
     folded_weight = (w.astype(np.float64) * k.reshape(shape)).astype(out_dtype)
     return folded_weight, folded_bias.astype(out_dtype)

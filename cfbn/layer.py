@@ -45,7 +45,7 @@ def _momentum(momentum):
 
 def _layer_dtype(dtype):
     # np.dtype(None) is float64: a None here is a mistake, not a request for float64.
-    expected = "dtype: expected float32, float64 or float16, got %r" % (dtype,)
+    expected = "dtype: expected float32, float64, float16 or bfloat16, got %r" % (dtype,)
     if dtype is None:
         raise TypeError(expected)
     try:
@@ -140,8 +140,8 @@ class BatchNorm:
     activation : str, optional
         Fused activation, as for `cfbn.fused_batch_norm`.
     dtype : numpy dtype
-        Dtype of the inputs: float32, float64 or float16 (whose parameters
-        are float32).
+        Dtype of the inputs: float32, float64, float16 or bfloat16
+        (``ml_dtypes.bfloat16``); the parameters of the last two are float32.
     buffer_shapes : int
         How many input shapes keep their output buffers, the most recently
         used ones (the default 4 covers a training shape, a last partial

@@ -24,7 +24,7 @@ import pytest
 
 import cfbn
 
-from _checks import make_shape, random_vectors, random_x, seed_of
+from _checks import BFLOAT16, make_shape, random_vectors, random_x, seed_of
 
 STRESS_SECONDS = float(os.environ.get("CFBN_STRESS_SECONDS", "1.5"))
 N_PY_THREADS = 4
@@ -40,6 +40,8 @@ WORK = [
     ("NCHW", 4, 4096, 5, np.float32),
     ("NDHWC", 2, 2048, 24, np.float16),
     ("NCDHW", 2, 1331, 9, np.float64),
+    ("NHWC", 3, 25, 11, BFLOAT16),
+    ("NCHW", 4, 3000, 6, BFLOAT16),
     ("NC", 5003, 1, 13, np.float32),
 ]
 

@@ -146,3 +146,5 @@ def test_module_main_prints_a_report():
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert cfbn.runtime_info()["selected_isa"] in proc.stdout
+    # ml_dtypes is installed with the tests: the self-check covers bfloat16 and says so
+    assert "float32/float64/float16/bfloat16" in proc.stdout, proc.stdout

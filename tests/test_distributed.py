@@ -19,7 +19,8 @@ import pytest
 import cfbn
 from cfbn.distributed import sync_batch_norm, sync_batch_norm_grad
 
-from _checks import (check_forward, check_grad, make_shape, random_vectors, random_x, seed_of)
+from _checks import (DTYPES, check_forward, check_grad, make_shape, random_vectors, random_x,
+                     seed_of)
 
 HERE = Path(__file__).resolve().parent
 EPS = 1e-3
@@ -89,7 +90,7 @@ def _run_ranks(sizes, fmt, dtype, factor=1.0):
     return x_full, dy_full, v, running, results
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("fmt", ["NHWC", "NCHW", "NC", "NDHWC"])
 def test_one_rank_equals_fused_bit_for_bit(isa, fmt, dtype):
     x, dy, v, _, [(out, grad)] = _run_ranks([4], fmt, dtype)

@@ -1,5 +1,9 @@
 """Argument checking, input immutability, strided inputs and out= semantics."""
 
+import subprocess
+import sys
+
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -7,6 +11,8 @@ import cfbn
 from cfbn import reference
 
 from _checks import (
+    BFLOAT16,
+    DTYPES,
     Unmodified,
     check_forward,
     check_grad,
@@ -99,6 +105,7 @@ FORWARD_ERRORS = [
     ("scale-object", dict(scale=object()), TypeError, ["scale"]),
     ("scale-float64", dict(scale=_vec(5, np.float64)), TypeError, ["scale"]),
     ("offset-float16", dict(offset=_vec(5, np.float16)), TypeError, ["offset"]),
+    ("offset-bfloat16", dict(offset=_vec(5, BFLOAT16)), TypeError, ["offset"]),
     ("mean-float64", dict(mean=_vec(5, np.float64), is_training=False), TypeError, ["mean"]),
     ("variance-int", dict(variance=np.ones(5, np.int32), is_training=False), TypeError,
      ["variance"]),
@@ -116,8 +123,11 @@ def test_forward_rejects(override, exc, words):
 @pytest.mark.parametrize(
     "x_dtype,vec_dtype,name",
     [(np.float16, np.float16, "scale"), (np.float16, np.float64, "offset"),
-     (np.float64, np.float32, "scale"), (np.float32, np.float16, "mean")],
-    ids=["f16-with-f16", "f16-with-f64", "f64-with-f32", "f32-with-f16"])
+     (np.float64, np.float32, "scale"), (np.float32, np.float16, "mean"),
+     (BFLOAT16, BFLOAT16, "scale"), (BFLOAT16, np.float16, "variance"),
+     (BFLOAT16, np.float64, "offset"), (np.float32, BFLOAT16, "mean")],
+    ids=["f16-with-f16", "f16-with-f64", "f64-with-f32", "f32-with-f16", "bf16-with-bf16",
+         "bf16-with-f16", "bf16-with-f64", "f32-with-bf16"])
 def test_forward_rejects_mixed_dtypes(x_dtype, vec_dtype, name):
     kwargs = forward_args(x_dtype)
     kwargs[name] = kwargs[name].astype(vec_dtype)
@@ -141,6 +151,8 @@ GRAD_ERRORS = [
      ["reserve_space_1"]),
     ("reserve2-float16", dict(reserve_space_2=_vec(5, np.float16)), TypeError,
      ["reserve_space_2"]),
+    ("reserve1-bfloat16", dict(reserve_space_1=_vec(5, BFLOAT16)), TypeError,
+     ["reserve_space_1"]),
     ("scale-none", dict(scale=None), TypeError, ["scale"]),
     ("epsilon-negative", dict(epsilon=-1.0), ValueError, ["epsilon"]),
     ("epsilon-nan", dict(epsilon=float("nan")), ValueError, ["epsilon"]),
@@ -158,12 +170,52 @@ def test_grad_rejects(override, exc, words):
     expect_error(exc, words, cfbn.fused_batch_norm_grad, **kwargs)
 
 
-def test_float16_gradient_takes_float32_vectors():
-    kwargs = grad_args(np.float16)
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16], ids=lambda d: np.dtype(d).name)
+def test_half_gradient_takes_float32_vectors(dtype):
+    kwargs = grad_args(dtype)
     assert kwargs["scale"].dtype == np.float32
     res = cfbn.fused_batch_norm_grad(**kwargs)
-    assert res.x_backprop.dtype == np.float16
+    assert res.x_backprop.dtype == dtype
     assert res.scale_backprop.dtype == np.float32 and res.offset_backprop.dtype == np.float32
+
+
+def _other_two_byte_and_small_dtypes():
+    """Dtypes cfbn must refuse although some look like a half type: 2-byte
+    integers, a structured 2-byte void, a bfloat16 in the other byte order,
+    and ml_dtypes' other types (float8s and int4s are 1 byte)."""
+    names = ["float8_e4m3fn", "float8_e5m2", "float8_e4m3b11fnuz", "int4", "uint4",
+             "float8_e8m0fnu", "float4_e2m1fn"]
+    return ([np.dtype(np.int16), np.dtype(np.uint16), np.dtype("V2"),
+             np.dtype([("a", "u1"), ("b", "u1")]), BFLOAT16.newbyteorder()]
+            + [np.dtype(getattr(ml_dtypes, n)) for n in names if hasattr(ml_dtypes, n)])
+
+
+REFUSED = _other_two_byte_and_small_dtypes()
+
+
+@pytest.mark.parametrize("dtype", REFUSED, ids=lambda d: "%s-%s" % (d.name, d.byteorder))
+def test_other_small_dtypes_are_type_errors(dtype):
+    a = forward_args(np.float32)
+    x = np.zeros(SHAPE, dtype)
+    with pytest.raises(TypeError, match=r"^x: expected float32, float64, float16 or bfloat16"):
+        cfbn.fused_batch_norm(x, a["scale"], a["offset"])
+    with pytest.raises(TypeError, match=r"^x: expected float32, float64, float16 or bfloat16"):
+        cfbn.fused_batch_norm_grad(x, x, a["scale"], a["mean"], a["variance"])
+    with pytest.raises(TypeError, match=r"^x: "):
+        cfbn.batch_norm_statistics(x)
+    with pytest.raises(TypeError, match=r"^dtype: "):
+        cfbn.BatchNorm(5, dtype=dtype)
+
+
+def test_import_does_not_import_ml_dtypes():
+    """cfbn knows bfloat16 without ml_dtypes: importing cfbn (and running a
+    float32 call) must not pull it in."""
+    code = ("import sys, numpy as np, cfbn\n"
+            "x = np.ones((2, 3), np.float32); v = np.ones(3, np.float32)\n"
+            "cfbn.fused_batch_norm(x, v, v, data_format='NC')\n"
+            "print('ml_dtypes' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
 
 
 # ---------------------------------------------------------------- strided inputs
@@ -181,8 +233,7 @@ def strided_views(rng, dtype):
     ]
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16],
-                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("which", range(5), ids=["every-other-row", "every-other-channel",
                                                   "reversed", "fortran", "transposed"])
 def test_non_contiguous_inputs(isa, which, dtype):
@@ -248,8 +299,7 @@ def test_out_dict_returns_the_given_arrays():
                g["reserve_space_2"], epsilon=1e-4, data_format="NHWC", is_training=True)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16],
-                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("is_training", [True, False], ids=["train", "infer"])
 @pytest.mark.parametrize("data_format,shape", [("NHWC", (3, 5, 7, 9)), ("NCHW", (3, 9, 5, 7)),
                                                ("NC", (33, 9))])
@@ -263,8 +313,7 @@ def test_forward_in_place(isa, data_format, shape, is_training, dtype):
                   data_format=data_format, is_training=is_training)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16],
-                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_running_statistics_updated_in_place(isa, dtype):
     a = forward_args(dtype)
     m0, v0 = a["mean"].copy(), a["variance"].copy()
@@ -275,8 +324,7 @@ def test_running_statistics_updated_in_place(isa, dtype):
                   data_format="NHWC", is_training=True, exponential_avg_factor=0.25)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16],
-                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("is_training", [True, False], ids=["train", "infer"])
 @pytest.mark.parametrize("target", ["y_backprop", "x"])
 @pytest.mark.parametrize("data_format,shape", [("NHWC", (3, 5, 7, 9)), ("NCHW", (3, 9, 5, 7))])
@@ -329,6 +377,7 @@ def _bad_outs():
     return [
         ("y-float64", {"y": y.astype(np.float64)}, TypeError, ["y", "out"]),
         ("y-float16", {"y": y.astype(np.float16)}, TypeError, ["y", "out"]),
+        ("y-bfloat16", {"y": y.astype(BFLOAT16)}, TypeError, ["y", "out"]),
         ("mean-float64", {"batch_mean": np.zeros(5)}, TypeError, ["batch_mean", "out"]),
         ("y-list", {"y": y.tolist()}, TypeError, ["y", "out"]),
         ("y-shape", {"y": np.zeros((2, 3, 5, 4), F32)}, ValueError, ["y", "out"]),
@@ -373,13 +422,17 @@ def test_bad_grad_out_is_rejected():
                  out=[None] * 5)
 
 
-def test_float16_outputs_have_float32_vectors():
-    a = forward_args(np.float16)
-    out = forward_buffers(SHAPE, 5, np.float16)
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16], ids=lambda d: np.dtype(d).name)
+def test_half_outputs_have_float32_vectors(dtype):
+    a = forward_args(dtype)
+    out = forward_buffers(SHAPE, 5, dtype)
     res = cfbn.fused_batch_norm(**a, out=out)
-    assert res.y.dtype == np.float16 and all(v.dtype == np.float32 for v in res[1:])
+    assert res.y.dtype == dtype and all(v.dtype == np.float32 for v in res[1:])
     expect_error(TypeError, ["batch_mean", "out"], cfbn.fused_batch_norm, **a,
-                 out={"batch_mean": np.zeros(5, np.float16)})
+                 out={"batch_mean": np.zeros(5, dtype)})
+    other = np.float16 if dtype == BFLOAT16 else BFLOAT16
+    expect_error(TypeError, ["y", "out"], cfbn.fused_batch_norm, **a,
+                 out={"y": np.zeros(SHAPE, other)})
 
 
 # ---- outputs that are the memory of an input they may not replace ----

@@ -7,7 +7,8 @@ double, does not.  SPEC.md: for every finite input whose exact results are
 finite in the output dtype, every kernel variant gives finite results within
 the stated accuracy.  The named tests are the reported cases; the property
 test draws per-channel locations, spreads, spikes and gradient scales across
-the whole exponent range of float32 and of float16.
+the whole exponent range of float32, of float16 and of bfloat16 (whose
+range is float32's: only its precision is less).
 
 Tolerances are those of tests/_checks.py, plus one unit in the last place of
 the output type: every output is rounded to it once, and below the smallest
@@ -22,9 +23,11 @@ import cfbn
 from cfbn import reference
 
 from _checks import (
+    BFLOAT16,
     assert_close,
     forward_bounds,
     grad_bounds,
+    is_half,
     make_shape,
     per_channel_view,
     random_vectors,
@@ -39,7 +42,9 @@ from hypothesis import strategies as st  # noqa: E402
 SUPPORTED_ISAS = list(cfbn.runtime_info()["supported_isas"])
 FORMATS = ["NHWC", "NCHW", "NC"]
 FLOAT_MAX = {np.dtype(np.float32): float(np.finfo(np.float32).max),
-             np.dtype(np.float16): float(np.finfo(np.float16).max)}
+             np.dtype(np.float16): float(np.finfo(np.float16).max),
+             BFLOAT16: float(np.finfo(BFLOAT16).max)}
+DTYPES = [np.dtype(np.float32), np.dtype(np.float16), BFLOAT16]
 FWD_VECTORS = ("batch_mean", "batch_variance", "reserve_space_1", "reserve_space_2")
 
 
@@ -50,9 +55,9 @@ def finite_in(values, dtype):
 
 
 def ulp(ref, dtype):
-    """One unit in the last place of ``ref`` rounded to ``dtype`` (float16: 0,
-    which assert_close adds itself)."""
-    if np.dtype(dtype) == np.float16:
+    """One unit in the last place of ``ref`` rounded to ``dtype`` (float16 and
+    bfloat16: 0, which assert_close adds itself)."""
+    if is_half(dtype):
         return 0.0
     with np.errstate(over="ignore", invalid="ignore"):
         r = np.abs(np.asarray(ref, np.float64)).astype(dtype)
@@ -155,11 +160,12 @@ def at(shape, data_format, channel, k):
 
 # (N, spatial, C) with 65536 elements per channel, as in the report
 BIG = (4, 16384, 8)
-HUGE = {np.dtype(np.float32): 2e19, np.dtype(np.float16): 6e4}
-LARGE_DY = {np.dtype(np.float32): 1e20, np.dtype(np.float16): 6e4}
+# bfloat16 has float32's exponent range: the same values, to 8 bits
+HUGE = {np.dtype(np.float32): 2e19, np.dtype(np.float16): 6e4, BFLOAT16: 2e19}
+LARGE_DY = {np.dtype(np.float32): 1e20, np.dtype(np.float16): 6e4, BFLOAT16: 1e20}
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("data_format", FORMATS)
 def test_one_huge_value_keeps_the_variance_finite(data_format, dtype):
     """One 2e19 among unit values: its square overflows float, the variance
@@ -172,29 +178,29 @@ def test_one_huge_value_keeps_the_variance_finite(data_format, dtype):
     ref, ok = forward_everywhere(x, v["scale"], v["offset"], 1e-4, data_format,
                                  mean=v["mean"], variance=v["variance"], factor=0.5)
     assert ok.all()
-    if dtype == np.float32:
+    if dtype != np.float16:
         assert 6.0e33 < ref.reserve_space_2[5] < 6.2e33
     same_bits_for_any_thread_count(lambda nt: cfbn.fused_batch_norm(
         x, v["scale"], v["offset"], v["mean"], v["variance"], exponential_avg_factor=0.5,
         data_format=data_format, n_threads=nt))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("data_format", FORMATS)
 def test_values_near_the_largest_float_keep_a_finite_mean(data_format, dtype):
     """Values spread over +-3e38: block sums of x - shift overflow float (the
     mean came out NaN); the mean is finite and must be right, the variance is
     beyond float and must be Inf as the reference's.  (float16: +-6e4, where
-    every output is finite.)"""
+    every output is finite; bfloat16: +-3e38, as float32.)"""
     dtype = np.dtype(dtype)
     shape = make_shape(data_format, 4, 1024, 8)
     rng = np.random.default_rng(7)
-    top = 3e38 if dtype == np.float32 else 6e4
+    top = 6e4 if dtype == np.float16 else 3e38
     x = (rng.uniform(-1.0, 1.0, shape) * top).astype(dtype)
     v = random_vectors(rng, 8, dtype)
     ref, ok = forward_everywhere(x, v["scale"], v["offset"], 1e-4, data_format)
     assert np.isfinite(ref.reserve_space_1).all()
-    if dtype == np.float32:
+    if dtype != np.float16:
         assert not ok.any()
         for isa in SUPPORTED_ISAS:
             with selected(isa):
@@ -204,7 +210,7 @@ def test_values_near_the_largest_float_keep_a_finite_mean(data_format, dtype):
         assert ok.all()
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("data_format", FORMATS)
 def test_huge_gradient_products_keep_scale_backprop_finite(data_format, dtype):
     """dy = 1e20 where x = 2e19: dy * (x - mean) overflows float, while
@@ -219,7 +225,7 @@ def test_huge_gradient_products_keep_scale_backprop_finite(data_format, dtype):
         fwd = reference.fused_batch_norm(x, v["scale"], v["offset"], data_format=data_format)
     mu, var = fwd.reserve_space_1.astype(vdt), fwd.reserve_space_2.astype(vdt)
     ref = grad_everywhere(dy, x, v["scale"], mu, var, 1e-4, data_format)
-    if dtype == np.float32:
+    if dtype != np.float16:
         assert 1e22 < ref.scale_backprop[3] < 4e22
     same_bits_for_any_thread_count(lambda nt: cfbn.fused_batch_norm_grad(
         dy, x, v["scale"], mu, var, data_format=data_format, n_threads=nt))
@@ -242,12 +248,14 @@ def test_squares_and_products_below_the_normal_range(data_format):
 
 # ---- property test ----
 
-#: float32 and float16: (lowest, highest) binary exponent of locations,
-#: spreads, spikes and dy.  Spreads stop where the variance would leave
-#: float (2^64 squared), locations and spikes where the data would.
+#: float32, float16 and bfloat16: (lowest, highest) binary exponent of
+#: locations, spreads, spikes and dy.  Spreads stop where the variance would
+#: leave float (2^64 squared), locations and spikes where the data would;
+#: bfloat16's smallest subnormal is 2^-133.
 RANGES = {
     np.dtype(np.float32): dict(loc=(-149, 126), spread=(-149, 60), spike=(-149, 64), dy=(-149, 100)),
     np.dtype(np.float16): dict(loc=(-24, 13), spread=(-24, 11), spike=(-24, 14), dy=(-24, 12)),
+    BFLOAT16: dict(loc=(-133, 126), spread=(-133, 60), spike=(-133, 64), dy=(-133, 100)),
 }
 
 
@@ -276,7 +284,7 @@ def parameters_fit(ref_grad, scale, var, epsilon, n):
 @st.composite
 def exponent_cases(draw):
     data_format = draw(st.sampled_from(FORMATS))
-    dtype = np.dtype(draw(st.sampled_from([np.float32, np.float16])))
+    dtype = draw(st.sampled_from(DTYPES))
     lim = RANGES[dtype]
     batch = draw(st.integers(1, 9))
     spatial = draw(st.sampled_from([1, 7, 16, 49, 130, 300]))

@@ -1,4 +1,5 @@
 """cfbn.fold_batch_norm: the folded layer gives conv/linear + BN's outputs."""
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -96,3 +97,25 @@ def test_inputs_unmodified_and_errors():
         cfbn.fold_batch_norm(w, None, *vecs, 1e-3, out_axis=2)
     with pytest.raises(ValueError, match="bias"):
         cfbn.fold_batch_norm(w, np.ones(4), *vecs, 1e-3)
+
+
+def test_bfloat16_weights_and_vectors():
+    """A bfloat16 model folds in float64 and keeps its dtype; bfloat16 vectors
+    are floating-point vectors too.  Other 2-byte types are refused."""
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(5)
+    w64 = rng.standard_normal((4, 7))
+    w = w64.astype(bf16)
+    gamma, beta, mean, var = _params(rng, 4)
+    fw, fb = cfbn.fold_batch_norm(w, None, gamma.astype(bf16), beta, mean, var, 1e-3)
+    assert fw.dtype == bf16 and fb.dtype == bf16
+    g = gamma.astype(bf16).astype(np.float64)
+    k = g / np.sqrt(var + 1e-3)
+    want_w = (w.astype(np.float64) * k[:, None]).astype(bf16)
+    want_b = ((0 - mean) * k + beta).astype(bf16)
+    assert fw.tobytes() == want_w.tobytes() and fb.tobytes() == want_b.tobytes()
+    with pytest.raises(TypeError, match="weight"):
+        cfbn.fold_batch_norm(np.ones((4, 7), np.float16).view(np.uint16).view("V2"), None,
+                             gamma, beta, mean, var, 1e-3)
+    with pytest.raises(TypeError, match="scale"):
+        cfbn.fold_batch_norm(w, None, np.ones(4, np.int16), beta, mean, var, 1e-3)

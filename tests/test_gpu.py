@@ -13,8 +13,8 @@ import pytest
 import cfbn
 from _act_checks import (ACTIVATIONS, ALPHA, FUSIONS, KINKS, check_fused_forward,
                          check_fused_grad, fusion_id, make_case)
-from _checks import (DTYPES, LAYOUTS, check_forward, check_grad, make_shape, random_vectors,
-                     random_x, seed_of, vector_dtype)
+from _checks import (BFLOAT16, DTYPES, LAYOUTS, check_forward, check_grad, make_shape,
+                     random_vectors, random_x, seed_of, vector_dtype)
 
 try:
     import cupy
@@ -34,6 +34,12 @@ GPU_SHAPES = [(2, 7, 3), (3, 33, 17), (1, 7, 257), (1, 1, 5), (0, 7, 8), (8, 409
 
 def to_host(result):
     return type(result)(*(cupy.asnumpy(a) for a in result))
+
+
+def cpu_tolerance(dtype):
+    """GPU against CPU results: both are float32 results rounded once, so a
+    2-byte output may be one ulp apart (2**-7 of the value for bfloat16)."""
+    return {np.dtype(np.float16): 1e-2, BFLOAT16: 4e-2}.get(np.dtype(dtype), 1e-5)
 
 
 @needs_gpu
@@ -57,7 +63,7 @@ def test_forward_matches_reference_and_cpu(dtype, data_format, dims, is_training
     cpu = cfbn.fused_batch_norm(x, v["scale"], v["offset"], v["mean"], v["variance"], **kw)
     for g, c in zip(host, cpu):
         np.testing.assert_allclose(g.astype(np.float64), c.astype(np.float64),
-                                   rtol=1e-2 if dtype == np.float16 else 1e-5, atol=1e-5)
+                                   rtol=cpu_tolerance(dtype), atol=cpu_tolerance(dtype))
 
 
 @needs_gpu
@@ -78,11 +84,12 @@ def test_grad_matches_reference(dtype, data_format, dims, is_training):
 
 
 @needs_gpu
-@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BFLOAT16],
+                         ids=lambda d: np.dtype(d).name)
 def test_large_mean_keeps_precision(dtype):
     rng = np.random.default_rng(seed_of("gpu-shift", dtype))
     shape = make_shape("NHWC", 4, 1000, 8)
-    x = random_x(rng, shape, "NHWC", dtype, loc=1e4 if dtype == np.float32 else 100.0,
+    x = random_x(rng, shape, "NHWC", dtype, loc=100.0 if dtype == np.float16 else 1e4,
                  std=1.0)
     v = random_vectors(rng, 8, dtype)
     got = cfbn.fused_batch_norm(cupy.asarray(x), cupy.asarray(v["scale"]),
@@ -156,7 +163,7 @@ def test_fused_matches_reference_and_cpu(act, with_side, dtype, data_format, dim
     check_fused_forward(host, x, v["scale"], v["offset"], mean, var, side, act, alpha, **kw)
     cpu = cfbn.fused_batch_norm(x, v["scale"], v["offset"], mean, var, activation=act,
                                 alpha=alpha, side_input=side, **kw)
-    tol = 1e-2 if dtype == np.float16 else 1e-5
+    tol = cpu_tolerance(dtype)
     for g, c in zip(host, cpu):
         np.testing.assert_allclose(g.astype(np.float64), c.astype(np.float64), rtol=tol,
                                    atol=tol)
@@ -264,6 +271,15 @@ class _FakeCupyArray:
 
 
 _FakeCupyArray.__module__ = "cupy._fake"
+
+
+@needs_gpu
+def test_gpu_other_two_byte_dtypes_are_type_errors():
+    v = cupy.ones(3, np.float32)
+    for dt in (np.int16, np.uint16):
+        x = cupy.zeros((2, 3), dt)
+        with pytest.raises(TypeError, match=r"^x: expected float32, float64, float16 or bfloat16"):
+            cfbn.fused_batch_norm(x, v, v, data_format="NC")
 
 
 def test_mixed_numpy_and_cupy_names_the_argument():

@@ -11,6 +11,8 @@ import cfbn
 from cfbn import layer as L
 from cfbn import reference
 
+from _checks import BFLOAT16, HALF_DTYPES
+
 
 def _batches(shape, steps, seed=0, dtype=np.float32):
     rng = np.random.default_rng(seed)
@@ -123,12 +125,13 @@ def test_against_pytorch():
     np.testing.assert_allclose(bn2.offset_grad, tb2.bias.grad.numpy(), rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, BFLOAT16], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("activation", [None, "silu"])
-def test_forward_backward_match_functional(activation):
+def test_forward_backward_match_functional(activation, dtype):
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((3, 4, 4, 6)).astype(np.float32)
-    dy = rng.standard_normal(x.shape).astype(np.float32)
-    bn = cfbn.BatchNorm(6, activation=activation)
+    x = rng.standard_normal((3, 4, 4, 6)).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    bn = cfbn.BatchNorm(6, activation=activation, dtype=dtype)
     bn.scale[:] = rng.uniform(0.5, 2, 6)
     bn.offset[:] = rng.standard_normal(6)
     y = bn.forward(x).copy()
@@ -158,14 +161,15 @@ def test_forward_backward_match_functional(activation):
     np.testing.assert_array_equal(bn.moving_mean, mm)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, BFLOAT16], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("side", [False, True])
-def test_training_step_allocates_nothing(side):
+def test_training_step_allocates_nothing(side, dtype):
     rng = np.random.default_rng(6)
     shape = (4, 8, 8, 512)
-    x = rng.standard_normal(shape).astype(np.float32)
-    dy = rng.standard_normal(shape).astype(np.float32)
-    s = rng.standard_normal(shape).astype(np.float32) if side else None
-    bn = cfbn.BatchNorm(512, activation="relu")
+    x = rng.standard_normal(shape).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    s = rng.standard_normal(shape).astype(dtype) if side else None
+    bn = cfbn.BatchNorm(512, activation="relu", dtype=dtype)
     bn.forward(x, side_input=s)
     bn.backward(dy)
     gc.collect()
@@ -193,15 +197,19 @@ def test_errors():
         cfbn.BatchNorm(4, data_format="HWC")
     with pytest.raises(TypeError, match="dtype"):
         cfbn.BatchNorm(4, dtype=np.int32)
+    with pytest.raises(TypeError, match=r"^dtype: expected float32, float64, float16 or bfloat16"):
+        cfbn.BatchNorm(4, dtype=np.uint16)
     with pytest.raises(RuntimeError, match="forward"):
         cfbn.BatchNorm(4).backward(np.zeros((1, 1, 1, 4), np.float32))
 
 
-def test_float16_parameters_are_float32():
-    bn = cfbn.BatchNorm(3, dtype=np.float16, data_format="NC")
-    assert bn.scale.dtype == np.float32
-    y = bn(np.arange(12, dtype=np.float16).reshape(4, 3))
-    assert y.dtype == np.float16
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda d: d.name)
+def test_half_parameters_are_float32(dtype):
+    bn = cfbn.BatchNorm(3, dtype=dtype, data_format="NC")
+    assert bn.scale.dtype == np.float32 and bn.moving_variance.dtype == np.float32
+    y = bn(np.arange(12).reshape(4, 3).astype(dtype))
+    assert y.dtype == dtype
+    assert bn.backward(np.ones((4, 3), dtype)).dtype == dtype
 
 
 # --- constructor arguments ----------------------------------------------------------------
@@ -289,6 +297,8 @@ def test_input_of_another_dtype_names_x_and_the_dtype():
         bn(x)
     with pytest.raises(TypeError, match=r"^x: .*float16"):
         cfbn.BatchNorm(4, dtype=np.float16).forward(x.astype(np.float32))
+    with pytest.raises(TypeError, match=r"^x: .*bfloat16.*float16"):
+        cfbn.BatchNorm(4, dtype=BFLOAT16).forward(x.astype(np.float16))
     bn(x.astype(np.float32))
     with pytest.raises(TypeError, match=r"^dy: .*float32.*float64"):
         bn.backward(x)

@@ -14,7 +14,7 @@ import numpy as np
 
 import cfbn
 
-from _checks import make_shape, random_vectors, random_x
+from _checks import BFLOAT16, make_shape, random_vectors, random_x
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 ROUNDS = int(os.environ.get("CFBN_LEAK_ROUNDS", "100000"))
@@ -28,7 +28,8 @@ def rss_bytes():
 def make_cases():
     cases = []
     for i, (df, dtype) in enumerate([("NHWC", np.float32), ("NCHW", np.float64),
-                                     ("NC", np.float16), ("NDHWC", np.float32)]):
+                                     ("NC", np.float16), ("NDHWC", np.float32),
+                                     ("NCHW", BFLOAT16)]):
         shape = make_shape(df, 2, 9, 5)
         rng = np.random.default_rng(i)
         x = random_x(rng, shape, df, dtype)

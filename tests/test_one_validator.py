@@ -1,14 +1,24 @@
 """The Cython fast paths only recognize the plain call: every other call, and
 every error, is the validator's (cfbn._args through cfbn._api), so a bad call
 raises the same exception with the same message whichever way it enters."""
+import subprocess
+import sys
+
+import ml_dtypes
 import numpy as np
 import pytest
 
 import cfbn
-from cfbn import _api, _kernels
+from cfbn import _api, _args, _kernels
+
+from _checks import BFLOAT16
 
 C = 4
 F32 = np.float32
+# The fast path takes bfloat16 once cfbn._args has recognized it (its type
+# number is not known before); test_bfloat16_fast_path_starts_once_seen
+# checks the state before.
+_args.dtype_kinds(BFLOAT16, "x")
 
 
 def _x(dtype=F32, shape=(2, 3, 3, C)):
@@ -57,6 +67,18 @@ BAD_FORWARD = {
     "offset strided length": dict(offset=np.ones(2 * C + 2, F32)[::2]),
     "mean length": dict(mean=_v(C - 1), variance=_v(), exponential_avg_factor=0.5),
     "variance dtype": dict(mean=_v(), variance=_v(dtype=np.float16), is_training=False),
+    "x int16": dict(x=np.zeros((2, 3, 3, C), np.int16)),
+    "x uint16": dict(x=np.zeros((2, 3, 3, C), np.uint16)),
+    "x void 2 bytes": dict(x=np.zeros((2, 3, 3, C), "V2")),
+    "x float8": dict(x=_x().astype(ml_dtypes.float8_e4m3fn)),
+    "x bfloat16 big-endian": dict(x=_x().astype(BFLOAT16.newbyteorder())),
+    "x bfloat16 vectors bfloat16": dict(x=_x(BFLOAT16), scale=_v(dtype=BFLOAT16),
+                                        offset=_v(dtype=BFLOAT16)),
+    "x bfloat16 vectors float16": dict(x=_x(BFLOAT16), scale=_v(dtype=np.float16)),
+    "x float16 out y bfloat16": dict(x=_x(np.float16),
+                                     out={"y": np.empty((2, 3, 3, C), BFLOAT16)}),
+    "x bfloat16 side_input float16": dict(x=_x(BFLOAT16), activation="relu",
+                                          side_input=_x(np.float16)),
     "inference without mean": dict(is_training=False, variance=_v()),
     "factor without variance": dict(mean=_v(), exponential_avg_factor=0.3),
     "epsilon negative": dict(epsilon=-1e-3),
@@ -191,6 +213,12 @@ BAD_GRAD = {
     "x float16 vectors float16": dict(x=_x(np.float16), y_backprop=_x(np.float16),
                                       scale=_v(dtype=np.float16)),
     "x uint8": dict(x=np.zeros((2, 3, 3, C), np.uint8)),
+    "x bfloat16 vectors bfloat16": dict(x=_x(BFLOAT16), y_backprop=_x(BFLOAT16),
+                                        scale=_v(dtype=BFLOAT16)),
+    "x bfloat16 dy float16": dict(x=_x(BFLOAT16), y_backprop=_x(np.float16)),
+    "x float16 dy bfloat16": dict(x=_x(np.float16), y_backprop=_x(BFLOAT16)),
+    "x int16 dy int16": dict(x=np.zeros((2, 3, 3, C), np.int16),
+                             y_backprop=np.zeros((2, 3, 3, C), np.int16)),
     "scale length": dict(scale=_v(C + 2)),
     "reserve_space_1 dtype": dict(reserve_space_1=_v(dtype=np.float64)),
     "reserve_space_2 length": dict(reserve_space_2=_v(1)),
@@ -273,6 +301,12 @@ GOOD_FORWARD = {
     "add only, y is side_input": "y_is_side",
     "silu float16 NCHW": dict(x=_x(np.float16, (2, C, 3, 3)), activation="silu",
                               side_input=_x(np.float16, (2, C, 3, 3)), data_format="NCHW"),
+    "bfloat16": dict(x=_x(BFLOAT16)),
+    "bfloat16 out y": dict(x=_x(BFLOAT16), out={"y": np.empty((2, 3, 3, C), BFLOAT16)}),
+    "bfloat16 inference": dict(x=_x(BFLOAT16), mean=_v(fill=0.5), variance=_v(fill=2.0),
+                               is_training=False),
+    "silu bfloat16 NCHW": dict(x=_x(BFLOAT16, (2, C, 3, 3)), activation="silu",
+                               side_input=_x(BFLOAT16, (2, C, 3, 3)), data_format="NCHW"),
 }
 
 
@@ -306,3 +340,19 @@ def test_fast_path_result_is_the_validators(case):
     assert type(gfast) is type(_validator_grad(g))
     for f, s in zip(gfast, _validator_grad(g)):
         np.testing.assert_array_equal(f, s)
+
+
+def test_bfloat16_fast_path_starts_once_seen():
+    """In a fresh process the fast path declines bfloat16 (it does not know
+    the type number yet) until a call through the validator has accepted
+    it; from then on the plain bfloat16 call is a fast one."""
+    code = ("import ml_dtypes, numpy as np\n"
+            "from cfbn import _kernels, fused_batch_norm\n"
+            "x = np.ones((2, 3), ml_dtypes.bfloat16); v = np.ones(3, np.float32)\n"
+            "args = (x, v, v, None, None, 1e-3, 1.0, 'NC', True, None)\n"
+            "before = _kernels.fast_forward(*args)\n"
+            "fused_batch_norm(x, v, v, data_format='NC')\n"
+            "after = _kernels.fast_forward(*args)\n"
+            "print(before is None, after is not None and after.y.dtype == x.dtype)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr

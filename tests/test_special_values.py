@@ -13,6 +13,9 @@ What cfbn does with them (the behaviour these tests pin down):
 - With ``epsilon = 0`` a constant channel has ``sigma^2 = 0``, so
   ``y = gamma * 0 / 0 + beta`` is NaN (the statistics stay finite and exact);
   in inference with a zero variance, ``y = +-Inf`` wherever ``x != mean``.
+- float16 and bfloat16 outputs are the float32 result rounded to nearest
+  even: ties go to the even neighbour, NaN stays NaN, +-Inf stays +-Inf, and
+  a finite value at or beyond the largest one plus half an ulp becomes Inf.
 - None of this crashes, hangs or warns from C.
 """
 
@@ -22,16 +25,17 @@ import pytest
 import cfbn
 from cfbn import reference
 
-from _checks import make_shape, random_vectors, random_x, seed_of, vector_dtype
+from _checks import (BFLOAT16, DTYPES, HALF_DTYPES, make_shape, random_vectors, random_x,
+                     seed_of, vector_dtype)
 
-DTYPES = [np.float32, np.float64, np.float16]
 FORMATS = ["NHWC", "NCHW", "NC", "NDHWC", "NCDHW"]
 C, K = 5, 2          # channels; the channel that gets the special value
 NAN, INF = float("nan"), float("inf")
 
 # finite results of an affected channel only need to be right, not precise:
 # precision is the other tests' business
-RTOL = {np.dtype(np.float64): 1e-9, np.dtype(np.float32): 1e-4, np.dtype(np.float16): 2e-2}
+RTOL = {np.dtype(np.float64): 1e-9, np.dtype(np.float32): 1e-4, np.dtype(np.float16): 2e-2,
+        BFLOAT16: 6e-2}
 
 
 def setup(data_format, dtype, batch=2, spatial=15):
@@ -248,3 +252,87 @@ def test_epsilon_zero_zero_variance_inference(isa, data_format, dtype):
     for c in range(C):
         if c != K:
             assert np.isfinite(channel(got.y, data_format, c)).all()
+
+
+# ---- rounding of float16 and bfloat16 outputs ----
+
+def exact_cases(dtype):
+    """(x values, scale, offset): inference with mean 0, variance 1 and
+    epsilon 0 gives y = x * scale + offset, exact in float32 (and float64),
+    so the only rounding is the output's.  The offsets and scales put y on
+    ties, just off them, beyond the largest finite value and among the
+    subnormals."""
+    fi = np.finfo(dtype)
+    u, top = float(fi.eps), float(fi.max)
+    tiny, sub = float(fi.smallest_normal), float(fi.smallest_subnormal)
+    half_ulp_top = np.ldexp(u / 2, fi.maxexp - 1)     # top + this is a tie: to Inf
+    grid = np.arange(1.0, 4.0, u / 2)           # every value of [1, 4), and more
+    grid = grid[grid.astype(dtype).astype(np.float64) == grid]
+    return [
+        (grid, 1.0, u / 2),                     # ties at the bottom of [1, 2)
+        (grid, 1.0, -u / 2),
+        (-grid, 1.0, u / 4),                    # a quarter ulp: rounds back
+        (grid, 1.0, 3 * u / 4),
+        (grid, 1.0 + u / 2, 0.0),               # ties from the product
+        (np.arange(1, 64) * sub, 0.5, 0.0),     # half of odd subnormals: ties
+        (np.array([tiny, -tiny, tiny - sub]), 1.0 - u / 4, 0.0),
+        (np.array([top, -top]), 1.0, half_ulp_top / 2),   # back to +-top
+        (np.array([top, top]), 1.0, half_ulp_top),        # half an ulp past top: Inf
+        (np.array([top, -top]), 2.0, 0.0),             # +-Inf
+    ]
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda d: d.name)
+def test_half_outputs_round_to_nearest_even(isa, dtype):
+    with np.errstate(over="ignore"):
+        for i, (values, scale, offset) in enumerate(exact_cases(dtype)):
+            x = np.asarray(values, np.float64).astype(dtype)
+            assert np.array_equal(x.astype(np.float64), values), f"case {i}: x not exact"
+            c = len(values)
+            xs = x.reshape(1, c)
+            ones = np.ones(c, np.float32)
+            sv = np.full(c, scale, np.float32)
+            ov = np.full(c, offset, np.float32)
+            assert float(sv[0]) == scale and float(ov[0]) == offset
+            want = (values * scale + offset).astype(dtype)
+            got = cfbn.fused_batch_norm(xs, sv, ov, np.zeros(c, np.float32), ones, epsilon=0.0,
+                                        data_format="NC", is_training=False)
+            assert got.y.tobytes() == want.reshape(1, c).tobytes(), (
+                f"case {i}: y {got.y.reshape(-1)[:8]} != {want[:8]}")
+            # the inference gradient is dx = scale * dy: the same products
+            g = cfbn.fused_batch_norm_grad(xs, xs, sv, np.zeros(c, np.float32), ones,
+                                           epsilon=0.0, data_format="NC", is_training=False)
+            want_dx = (values * scale).astype(dtype)
+            assert g.x_backprop.tobytes() == want_dx.reshape(1, c).tobytes(), f"case {i}: dx"
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+def test_half_nan_and_inf_stay_what_they_are(isa, dtype, training):
+    """NaN, +Inf and -Inf in x, each alone in its channel: y keeps them
+    through the rounding to the output type (a carry of the rounding must not
+    turn a NaN into Inf)."""
+    specials = np.array([NAN, INF, -INF, NAN], np.float64).astype(dtype)
+    # a (signalling) NaN whose payload is only the lowest bit of the 2-byte type
+    exponent = 0x7c00 if dtype == np.float16 else 0x7f80
+    specials[3:] = np.array([exponent | 1], np.uint16).view(dtype)
+    with np.errstate(invalid="ignore"):      # widening a signalling NaN says so
+        assert np.isnan(specials.astype(np.float64)).sum() == 2
+    x = np.ones((3, 4), np.float64).astype(dtype)
+    x[1] = specials
+    c = 4
+    ones = np.ones(c, np.float32)
+    got = cfbn.fused_batch_norm(x, ones, np.zeros(c, np.float32), np.zeros(c, np.float32), ones,
+                                epsilon=0.0, data_format="NC", is_training=training)
+    y = got.y.astype(np.float64)
+    if training:
+        # the statistics of every channel are NaN or Inf: NaN everywhere
+        assert np.isnan(y).all()
+    else:
+        assert np.isnan(y[1, [0, 3]]).all()
+        assert y[1, 1] == INF and y[1, 2] == -INF
+        assert (y[[0, 2]] == 1.0).all()
+    g = cfbn.fused_batch_norm_grad(x, x, ones, np.zeros(c, np.float32), ones, epsilon=0.0,
+                                   data_format="NC", is_training=False)
+    dx = g.x_backprop.astype(np.float64)
+    assert np.isnan(dx[1, [0, 3]]).all() and dx[1, 1] == INF and dx[1, 2] == -INF

@@ -10,7 +10,7 @@ import cfbn
 from cfbn import reference
 
 from _checks import (DTYPES, LAYOUTS, SHAPES, Unmodified, assert_close, forward_bounds,
-                     grad_bounds, make_shape, random_vectors, random_x, seed_of, unit,
+                     grad_bounds, is_half, make_shape, random_vectors, random_x, seed_of, unit,
                      vector_dtype)
 
 EPS = 1e-3
@@ -117,7 +117,7 @@ def test_merge_of_micro_batches_equals_whole(isa, data_format, dtype):
     rng = np.random.default_rng(seed_of("merge", data_format, np.dtype(dtype).name))
     shape = make_shape(data_format, 9, 6, 7)
     # a mean far from zero next to the spread: merging (count, mean, m2) is exact
-    x = random_x(rng, shape, data_format, dtype, loc=300.0 if dtype != np.float16 else 30.0)
+    x = random_x(rng, shape, data_format, dtype, loc=30.0 if is_half(dtype) else 300.0)
     rows = shape[0] // 9
     cuts = [0, 2 * rows, 2 * rows, 5 * rows, shape[0]]  # an empty piece at each end, one inside
     parts = [cfbn.batch_norm_statistics(p, data_format=data_format)
@@ -127,7 +127,7 @@ def test_merge_of_micro_batches_equals_whole(isa, data_format, dtype):
     merged = cfbn.merge_statistics_many(parts)
     assert merged.count == whole.count
     # a few ulps of the data's size, in the arithmetic the sums are formed
-    # in: float64 data in double; float32 and float16 data in blocks of float
+    # in: float64 data in double; float32, float16 and bfloat16 data in blocks of float
     # partial sums on the SIMD tables (added up in double); each squared
     # deviation (x - mean)**2 is off by about 2|x - mean| * ulp(x)
     sigma = np.sqrt(whole.variance())

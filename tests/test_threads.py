@@ -6,7 +6,8 @@ import pytest
 import cfbn
 from cfbn import reference
 
-from _checks import check_forward, check_grad, random_vectors, random_x, seed_of, vector_dtype
+from _checks import (DTYPES, check_forward, check_grad, random_vectors, random_x, seed_of,
+                     vector_dtype)
 
 # large enough for the work to be split between threads
 SHAPES = [
@@ -34,8 +35,7 @@ def make(data_format, shape, dtype):
     return x, dy, random_vectors(rng, c, dtype)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64],
-                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("layout_shape", SHAPES,
                          ids=lambda s: s[0] + "-" + "x".join(map(str, s[1])))
 def test_thread_count_does_not_change_results(isa, layout_shape, dtype):

@@ -9,6 +9,8 @@ import pytest
 
 import cfbn
 
+from _checks import BFLOAT16
+
 # Elements of a float32 tensor past every streaming-store threshold of the
 # C driver: the normalization pass (2 tensors) streams from 64 MB, the
 # gradient pass (3 tensors) from 32 MB.
@@ -128,8 +130,8 @@ def test_large_fused_into_unaligned_outputs(isa, data_format):
 
 
 @pytest.mark.parametrize("dtype,offset", [(np.float32, 1), (np.float32, 2), (np.float16, 1),
-                                          (np.float64, 4), (np.float64, 1)],
-                         ids=["f32+1", "f32+2", "f16+1", "f64+4", "f64+1"])
+                                          (BFLOAT16, 1), (np.float64, 4), (np.float64, 1)],
+                         ids=["f32+1", "f32+2", "f16+1", "bf16+1", "f64+4", "f64+1"])
 @pytest.mark.parametrize("data_format", ["NCHW", "NHWC", "NC"])
 def test_every_output_unaligned_small(isa, data_format, dtype, offset):
     """Every output of both calls at once, tensors and per-channel vectors, on a

@@ -13,8 +13,9 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 NUMPY_VERSION=${CFBN_NUMPY_VERSION:-2.4.6}
 
 # What the test suite imports besides numpy (tests/test_properties.py skips
-# itself without hypothesis).
-TEST_PACKAGES=(pytest hypothesis)
+# itself without hypothesis; ml_dtypes gives the bfloat16 dtype, which every
+# test of float16 data also runs with, so it is required).
+TEST_PACKAGES=(pytest hypothesis ml_dtypes)
 
 ARM64_ROOT=$EDGE/arm64-root          # Debian bookworm arm64 minbase: python3.11, libgomp1
 # numpy, TEST_PACKAGES and the cfbn wheel go where pip puts packages on a

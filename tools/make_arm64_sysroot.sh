@@ -3,8 +3,8 @@
 # CPython under qemu-user, without binfmt_misc, chroot or dpkg multiarch:
 #   build/edge/arm64-root   bookworm minbase: python3.11, libpython3.11-dev, libgomp1
 #   build/edge/arm64-xcfg   the target's sysconfigdata with include paths into the sysroot
-#   numpy (pinned, see _lib.sh), pytest and hypothesis from PyPI's aarch64 wheels,
-#   in the sysroot's /usr/local/lib/python3.11/dist-packages
+#   numpy (pinned, see _lib.sh) and TEST_PACKAGES (pytest, hypothesis, ml_dtypes)
+#   from PyPI's aarch64 wheels, in the sysroot's /usr/local/lib/python3.11/dist-packages
 # Idempotent: a finished sysroot or site folder is kept (stamp files); a
 # half-built one is redone.
 # Needs root (debootstrap), debootstrap and qemu-user.
@@ -54,7 +54,7 @@ build_site() {
 
     step "check: the aarch64 CPython imports numpy under qemu, with no PYTHONPATH"
     env -u PYTHONPATH qemu-aarch64 -L "$ARM64_ROOT" "$ARM64_PYTHON" -c \
-        'import platform, sys, numpy, pytest, hypothesis; print(platform.machine(), sys.version.split()[0], "numpy", numpy.__version__, "pytest", pytest.__version__, "hypothesis", hypothesis.__version__)'
+        'import platform, sys, numpy, pytest, hypothesis, ml_dtypes; print(platform.machine(), sys.version.split()[0], "numpy", numpy.__version__, "pytest", pytest.__version__, "hypothesis", hypothesis.__version__, "ml_dtypes", ml_dtypes.__version__)'
     touch "$SITE_STAMP"
 }
 

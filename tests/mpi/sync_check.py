@@ -26,7 +26,7 @@ from cfbn.distributed import sync_batch_norm, sync_batch_norm_grad  # noqa: E402
 import _checks  # noqa: E402
 
 FORMATS = ["NHWC", "NCHW", "NC", "NCDHW"]
-DTYPES = [np.float32, np.float64, np.float16]
+DTYPES = _checks.DTYPES
 SPATIAL = 6
 
 
