@@ -179,6 +179,12 @@ cdef inline const cfbn_fusion *_fusion(cfbn_fusion *f, object fusion):
 
 cdef inline int _shape(cfbn_shape *s, int dtype, int layout, int64_t outer, int64_t channels,
                        int64_t inner, int n_threads) except -1:
+    # The C driver trusts these codes: an unknown one would be read with the
+    # wrong element size.
+    if not 0 <= dtype <= 3:
+        raise ValueError("cfbn: unknown kernel dtype code %d" % dtype)
+    if layout != 0 and layout != 1:
+        raise ValueError("cfbn: unknown kernel layout code %d" % layout)
     s.dtype = dtype
     s.layout = layout
     s.outer = outer
