@@ -54,10 +54,22 @@ INLINE __m128i mask_ph(int64_t cnt)
 /* ---- element access: 8 lanes of float; dt is the tensor's storage
  * (CFBN_F32, CFBN_F16 by F16C, CFBN_BF16 by integer shifts) ---- */
 
+/* bfloat16 <-> float by byte shuffles within 128-bit lanes.  Widening:
+ * halfword k of a lane (the 8 halfwords in both lanes) into the upper half
+ * of dword k, lane 1 taking halfwords 4..7; narrowing: the upper halves of
+ * a lane's dwords into its low 8 bytes. */
+#define BF16_WIDEN_SHUFFLE \
+    _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7, \
+                     -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15)
+#define BF16_NARROW_SHUFFLE \
+    _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1, \
+                     2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1)
+
 /* 8 halfwords -> 8 floats */
 INLINE __m256 widen_ph(__m128i h, int dt)
 {
-    if (dt == CFBN_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    if (dt == CFBN_BF16)
+        return _mm256_castsi256_ps(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(h), BF16_WIDEN_SHUFFLE));
     return _mm256_cvtph_ps(h);
 }
 
@@ -73,8 +85,8 @@ INLINE __m128i narrow_ph(__m256 v, int dt)
     __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
     __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     r = _mm256_blendv_epi8(r, _mm256_or_si256(b, _mm256_set1_epi32(0x400000)), nan);
-    r = _mm256_srli_epi32(r, 16);
-    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    r = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(r, BF16_NARROW_SHUFFLE), 0x08);
+    return _mm256_castsi256_si128(r);
 }
 
 INLINE __m256 ld8(const void *p, int64_t i, int dt)
@@ -96,9 +108,13 @@ INLINE __m256 ld_part(const void *p, int64_t i, int64_t cnt, int64_t avail, int 
     if (avail >= 8) {
         h = _mm_and_si128(_mm_loadu_si128((const __m128i *)q), mask_ph(cnt));
     } else {
-        uint16_t buf[8] = {0};
-        memcpy(buf, q, (size_t)cnt * sizeof *buf);
-        h = _mm_loadu_si128((const __m128i *)buf);
+        /* the whole pairs by a masked load of 32-bit lanes (masked lanes are
+         * not read), an odd last element broadcast into its lane */
+        h = _mm_maskload_epi32((const int *)q, _mm256_castsi256_si128(mask_ps(cnt >> 1)));
+        if (cnt & 1) {
+            __m128i lane = _mm_cmpeq_epi16(_mm_set1_epi16((short)(cnt - 1)), _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7));
+            h = _mm_blendv_epi8(h, _mm_set1_epi16((short)q[cnt - 1]), lane);
+        }
     }
     return widen_ph(h, dt);
 }
@@ -119,9 +135,16 @@ INLINE void st_part(void *p, int64_t i, __m256 v, int64_t cnt, int dt)
         _mm256_maskstore_ps((float *)p + i, mask_ps(cnt), v);
         return;
     }
-    uint16_t buf[8];
-    _mm_storeu_si128((__m128i *)buf, narrow_ph(v, dt));
-    memcpy((uint16_t *)p + i, buf, (size_t)cnt * sizeof *buf);
+    /* the whole pairs by a masked store of 32-bit lanes, an odd last
+     * element on its own */
+    uint16_t *q = (uint16_t *)p + i;
+    __m128i h = narrow_ph(v, dt);
+    _mm_maskstore_epi32((int *)q, _mm256_castsi256_si128(mask_ps(cnt >> 1)), h);
+    if (cnt & 1) {
+        uint16_t buf[8];
+        _mm_storeu_si128((__m128i *)buf, h);
+        q[cnt - 1] = buf[cnt - 1];
+    }
 }
 
 /* Four elements widened to double; float -> double is exact. */
