@@ -6,10 +6,13 @@ PyTorch (ATen's native batch norm) and TensorFlow (FusedBatchNormV3), each on
 the same NumPy data.
 """
 import functools
+import gc
 import importlib.util
+import math
 import os
 import platform
 import sys
+import time
 
 import numpy as np
 
@@ -298,6 +301,79 @@ def tensorflow_call(tf, op, d):
             return fn(**kwargs)
 
     return call
+
+
+# ---------------------------------------------------------------- timing
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def batch(fn, calls):
+    """Seconds per call over `calls` back-to-back calls, collector off."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - start) / calls
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def calls_for(fn, min_batch):
+    """Warm `fn` up; return the number of calls that lasts `min_batch` seconds."""
+    start = time.perf_counter()
+    n = 0
+    while n < 3 or time.perf_counter() - start < min(0.05, 2 * min_batch):
+        fn()
+        n += 1
+    single = min(batch(fn, 1) for _ in range(3))
+    return max(1, math.ceil(min_batch / max(single, 1e-9)))
+
+
+def interleaved(fns, repeats, min_batch):
+    """Per-call times of each callable in `fns`, one list of `repeats` samples
+    each, measured alternately (the order flips every repeat)."""
+    calls = [calls_for(fn, min_batch) for fn in fns]
+    samples = [[] for _ in fns]
+    order = list(range(len(fns)))
+    for r in range(repeats):
+        seq = order if r % 2 == 0 else order[::-1]
+        for i in seq:
+            samples[i].append(batch(fns[i], calls[i]))
+    return samples
+
+
+class CpuMeter:
+    """CPU time other processes used while a measurement ran, in cores
+    (from /proc/stat less this process's own time); None where unreadable."""
+
+    def __init__(self):
+        self.start = self._snap()
+
+    @staticmethod
+    def _snap():
+        try:
+            with open("/proc/stat") as f:
+                vals = [int(v) for v in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        t = os.times()
+        busy = (sum(vals) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
+        return time.monotonic(), busy, t[0] + t[1]
+
+    def others(self):
+        end = self._snap()
+        if self.start is None or end is None:
+            return None
+        wall = end[0] - self.start[0]
+        if wall <= 0:
+            return None
+        return max(0.0, ((end[1] - self.start[1]) - (end[2] - self.start[2])) / wall)
 
 
 # ---------------------------------------------------------------- machine

@@ -34,7 +34,6 @@ from two neighbouring batches.  Before a cell is timed, its cfbn and PyTorch
 outputs are checked against each other.  Progress goes to stderr.
 """
 import argparse
-import gc
 import math
 import os
 import sys
@@ -63,79 +62,6 @@ CHECK_TOLERANCE_2BYTE = 2e-2
 TARGET_BF16_SPEEDUP = 1.6
 
 
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------- timing
-
-
-def _batch(fn, calls):
-    """Seconds per call over `calls` back-to-back calls, collector off."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        return (time.perf_counter() - start) / calls
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _calls_for(fn, min_batch):
-    """Warm `fn` up; return the number of calls that lasts `min_batch` seconds."""
-    start = time.perf_counter()
-    n = 0
-    while n < 3 or time.perf_counter() - start < min(0.05, 2 * min_batch):
-        fn()
-        n += 1
-    single = min(_batch(fn, 1) for _ in range(3))
-    return max(1, math.ceil(min_batch / max(single, 1e-9)))
-
-
-def interleaved(fns, repeats, min_batch):
-    """Per-call times of each callable in `fns`, one list of `repeats` samples
-    each, measured alternately (the order flips every repeat)."""
-    calls = [_calls_for(fn, min_batch) for fn in fns]
-    samples = [[] for _ in fns]
-    order = list(range(len(fns)))
-    for r in range(repeats):
-        seq = order if r % 2 == 0 else order[::-1]
-        for i in seq:
-            samples[i].append(_batch(fns[i], calls[i]))
-    return samples
-
-
-class CpuMeter:
-    """CPU time other processes used while a measurement ran, in cores
-    (from /proc/stat less this process's own time); None where unreadable."""
-
-    def __init__(self):
-        self.start = self._snap()
-
-    @staticmethod
-    def _snap():
-        try:
-            with open("/proc/stat") as f:
-                vals = [int(v) for v in f.readline().split()[1:9]]
-        except (OSError, ValueError):
-            return None
-        t = os.times()
-        busy = (sum(vals) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
-        return time.monotonic(), busy, t[0] + t[1]
-
-    def others(self):
-        end = self._snap()
-        if self.start is None or end is None:
-            return None
-        wall = end[0] - self.start[0]
-        if wall <= 0:
-            return None
-        return max(0.0, ((end[1] - self.start[1]) - (end[2] - self.start[2])) / wall)
-
-
 class Retries:
     """Re-measures a cell while other processes loaded the CPUs, within a
     total time budget; keeps the attempt with the least foreign load."""
@@ -147,8 +73,8 @@ class Retries:
         best = None
         for attempt in range(1 + self.count):
             start = time.perf_counter()
-            meter = CpuMeter()
-            samples = interleaved(fns, repeats, min_batch)
+            meter = bc.CpuMeter()
+            samples = bc.interleaved(fns, repeats, min_batch)
             load = meter.others()
             if attempt:
                 self.left -= time.perf_counter() - start
@@ -156,7 +82,7 @@ class Retries:
                 best = (samples, load)
             if load is None or load <= self.threshold or self.left <= 0 or attempt == self.count:
                 break
-            log("    other processes used %.2f cores meanwhile; measuring again" % load)
+            bc.log("    other processes used %.2f cores meanwhile; measuring again" % load)
         return best
 
 
@@ -272,7 +198,7 @@ def target_cells(args, torch):
                         row["torch_gbps"] = bc.gbps(op, nbytes, row["torch"])
                         row["ratio"] = median([a / b for a, b in zip(samples[0], samples[1])])
                     rows.append(row)
-                    log("[%d/%d] %s %s %s t%d: cfbn %s us%s; others' load %s" % (
+                    bc.log("[%d/%d] %s %s %s t%d: cfbn %s us%s; others' load %s" % (
                         done, total, bc.shape_str(shape), layout, op, threads,
                         fmt_us(row["cfbn"]),
                         "" if torch is None else ", torch %s us, ratio %.3f"
@@ -311,7 +237,7 @@ def copy_bandwidth(torch, calls, nbytes, repeats, retry):
     finally:
         if prev is not None:
             torch.set_num_threads(prev)
-    log("  others' load %s" % fmt_load(load))
+    bc.log("  others' load %s" % fmt_load(load))
     return {name: 2 * nbytes / median(v) / 1e9 for name, v in zip(calls, samples)}
 
 
@@ -319,7 +245,7 @@ def large_section(args, torch):
     shape = bc.LARGE_SHAPE
     threads = 2
     nbytes = shape[0] * shape[1] * shape[2] * shape[3] * 4
-    log("copy bandwidth on %.0f MB ..." % (nbytes / 1e6))
+    bc.log("copy bandwidth on %.0f MB ..." % (nbytes / 1e6))
     into, into_fresh = copy_calls(torch, nbytes)
     measured = copy_bandwidth(torch, {**into, **into_fresh}, nbytes, args.large_repeats, args.retry)
     copy = {name: measured[name] for name in into}
@@ -331,7 +257,7 @@ def large_section(args, torch):
     copies = list(into.values())
     rows = []
     for layout in bc.LAYOUTS:
-        log("large tensor %s %s: inputs ..." % (bc.shape_str(shape), layout))
+        bc.log("large tensor %s %s: inputs ..." % (bc.shape_str(shape), layout))
         d = bc.make_inputs(shape, layout)
         for op in bc.OPS:
             out = bc.cfbn_out(op, d)
@@ -372,7 +298,7 @@ def large_section(args, torch):
                 row["torch"] = median(samples[2])
                 row["torch_gbps"] = bc.gbps(op, d["x"].nbytes, row["torch"])
             rows.append(row)
-            log("  %s: copy %.2f GB/s; cfbn %.2f GB/s (%.2f of copy), out= %.2f GB/s, "
+            bc.log("  %s: copy %.2f GB/s; cfbn %.2f GB/s (%.2f of copy), out= %.2f GB/s, "
                 "cache off %.2f of copy%s" % (
                 op, row["copy_gbps"], row["cfbn_gbps"], row["fraction"], row["cfbn_out_gbps"],
                 row["nocache_fraction"],
@@ -413,7 +339,7 @@ def overhead_section(args, torch):
         if torch is not None:
             row["torch"] = median(samples[1])
         rows.append(row)
-        log("overhead %s: cfbn %.2f us%s" % (op, row["cfbn"] * 1e6, "" if torch is None
+        bc.log("overhead %s: cfbn %.2f us%s" % (op, row["cfbn"] * 1e6, "" if torch is None
                                               else ", torch %.2f us" % (row["torch"] * 1e6)))
     return rows
 
@@ -455,7 +381,7 @@ def bf16_section(args, torch):
                     row["torch"] = median(samples[2])
                     row["ratio"] = median([a / b for a, b in zip(samples[0], samples[2])])
                 rows.append(row)
-                log("bfloat16 %s %s %s: cfbn %s us, float32 %s us (x%.2f)%s; others' load %s" % (
+                bc.log("bfloat16 %s %s %s: cfbn %s us, float32 %s us (x%.2f)%s; others' load %s" % (
                     bc.shape_str(shape), layout, op, fmt_us(row["bf16"]), fmt_us(row["f32"]),
                     row["speedup"], "" if torch is None else ", torch %s us, ratio %.3f"
                     % (fmt_us(row["torch"]), row["ratio"]), fmt_load(load)))
@@ -712,9 +638,9 @@ def main(argv=None):
     load_start = "%.2f" % os.getloadavg()[0]
     torch = None if args.no_torch else bc.torch_module()
     if torch is None:
-        log("PyTorch is not installed (or --no-torch): timing cfbn only")
+        bc.log("PyTorch is not installed (or --no-torch): timing cfbn only")
     info = bc.machine_info()
-    log(machine_line(info))
+    bc.log(machine_line(info))
     only = args.only_bf16
     rows = [] if only else target_cells(args, torch)
     large = None if args.no_large or only else large_section(args, torch)
@@ -724,14 +650,14 @@ def main(argv=None):
         if bc.have_module("ml_dtypes"):
             bf16 = bf16_section(args, torch)
         else:
-            log("ml_dtypes is not installed: no bfloat16 section")
+            bc.log("ml_dtypes is not installed: no bfloat16 section")
     elapsed = time.perf_counter() - start
     load = (load_start, "%.2f" % os.getloadavg()[0])
     text = report(args, info, torch, rows, large, overhead, bf16, elapsed, load)
     print(text)
     if args.markdown_out:
         Path(args.markdown_out).write_text(text + "\n")
-        log("written to %s" % args.markdown_out)
+        bc.log("written to %s" % args.markdown_out)
     return 0
 
 

@@ -24,11 +24,8 @@ a ratio is the median over --repeat repeats of the ratio of two neighbouring
 batches.  Progress goes to stderr.
 """
 import argparse
-import gc
-import math
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -65,63 +62,17 @@ def target(op, label):
     return 1.10 if act in ("relu", "relu6", "leaky_relu") else 1.3
 
 
-def cpu_snapshot():
-    """(wall seconds, busy CPU seconds of the machine, of this process), or
-    None where /proc/stat is unreadable."""
-    try:
-        with open("/proc/stat") as f:
-            vals = [int(v) for v in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    t = os.times()
-    busy = (sum(vals) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
-    return time.monotonic(), busy, t[0] + t[1]
-
-
-def others_load(start, end):
-    """Cores that other processes kept busy between two snapshots."""
-    if start is None or end is None or end[0] <= start[0]:
-        return None
-    return max(0.0, ((end[1] - start[1]) - (end[2] - start[2])) / (end[0] - start[0]))
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
-def batch(fn, calls):
-    """Seconds per call over `calls` back-to-back calls, collector off."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        return (time.perf_counter() - start) / calls
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def calls_for(fn, min_batch):
-    """Warm `fn` up; the number of calls that lasts `min_batch` seconds."""
-    for _ in range(3):
-        fn()
-    single = min(batch(fn, 1) for _ in range(3))
-    return max(1, math.ceil(min_batch / max(single, 1e-9)))
-
-
 def ratio(plain, fused, repeats, min_batch):
     """Median over `repeats` of fused / plain, from neighbouring batches."""
-    cp, cf = calls_for(plain, min_batch), calls_for(fused, min_batch)
+    cp, cf = bc.calls_for(plain, min_batch), bc.calls_for(fused, min_batch)
     ratios = []
     for r in range(repeats):
         if r % 2 == 0:
-            tp = batch(plain, cp)
-            tf = batch(fused, cf)
+            tp = bc.batch(plain, cp)
+            tf = bc.batch(fused, cf)
         else:
-            tf = batch(fused, cf)
-            tp = batch(plain, cp)
+            tf = bc.batch(fused, cf)
+            tp = bc.batch(plain, cp)
         ratios.append(tf / tp)
     return float(np.median(ratios))
 
@@ -187,14 +138,14 @@ def main(argv=None):
 
     held = total = 0
     worst = {}
-    snap = cpu_snapshot()
+    meter = bc.CpuMeter()
     for shape in SHAPES:
         for layout in bc.LAYOUTS:
             d = bc.make_inputs(shape, layout)
             side = np.random.default_rng(1).standard_normal(d["x"].shape, dtype=np.float32)
             for threads in args.threads:
                 for op in ("train", "grad"):
-                    log("%s %s %d threads %s" % (bc.shape_str(shape), layout, threads, op))
+                    bc.log("%s %s %d threads %s" % (bc.shape_str(shape), layout, threads, op))
                     plain, fused = calls(op, d, side, threads)
                     cells = []
                     for lab in labels:
@@ -211,7 +162,7 @@ def main(argv=None):
             del d, side
     print()
     print("%d of %d cells within their target" % (held, total))
-    load = others_load(snap, cpu_snapshot())
+    load = meter.others()
     if load is not None:
         print("other processes kept %.2f of %d cores busy meanwhile" % (load, os.cpu_count() or 0))
     print("largest ratio per column:")
