@@ -163,6 +163,28 @@ def fmt_ms(seconds):
     return "%.2f" % (seconds * 1e3)
 
 
+def measure_cell(args, torch, op, d, threads, fns, extra=(), repeats=None):
+    """Times the cfbn calls `fns`, then (where PyTorch is installed) PyTorch's
+    `op` on the inputs `d` at `threads` threads, then the calls `extra`, all
+    interleaved; first checks that cfbn and PyTorch agree on `d`.  Returns
+    (samples in that order, others' load, the check's difference or None)."""
+    fns = list(fns)
+    check = None
+    prev = None
+    if torch is not None:
+        check = check_cell(torch, op, d, threads)
+        fns.append(bc.torch_call(torch, op, bc.torch_args(torch, d)))
+        prev = torch.get_num_threads()
+        torch.set_num_threads(threads)
+    try:
+        samples, load = args.retry.measure(fns + list(extra), repeats or args.repeats,
+                                           args.min_batch)
+    finally:
+        if prev is not None:
+            torch.set_num_threads(prev)
+    return samples, load, check
+
+
 def target_cells(args, torch):
     """Times every target cell; returns the result rows."""
     rows = []
@@ -176,19 +198,8 @@ def target_cells(args, torch):
             for op in bc.OPS:
                 for threads in args.threads:
                     done += 1
-                    fns = [bc.cfbn_call(op, d, threads)]
-                    check = None
-                    prev = None
-                    if torch is not None:
-                        check = check_cell(torch, op, d, threads)
-                        fns.append(bc.torch_call(torch, op, bc.torch_args(torch, d)))
-                        prev = torch.get_num_threads()
-                        torch.set_num_threads(threads)
-                    try:
-                        samples, load = args.retry.measure(fns, args.repeats, args.min_batch)
-                    finally:
-                        if prev is not None:
-                            torch.set_num_threads(prev)
+                    samples, load, check = measure_cell(
+                        args, torch, op, d, threads, [bc.cfbn_call(op, d, threads)])
                     row = {"shape": shape, "layout": layout, "op": op, "threads": threads,
                            "bytes": nbytes, "cfbn": median(samples[0]), "check": check,
                            "load": load}
@@ -262,20 +273,9 @@ def large_section(args, torch):
         for op in bc.OPS:
             out = bc.cfbn_out(op, d)
             fns = [bc.cfbn_call(op, d, threads), bc.cfbn_call(op, d, threads, out=out)]
-            prev = None
-            check = None
-            if torch is not None:
-                check = check_cell(torch, op, d, threads)
-                fns.append(bc.torch_call(torch, op, bc.torch_args(torch, d)))
-                prev = torch.get_num_threads()
-                torch.set_num_threads(threads)
-            n_ops = len(fns)
-            fns += copies
-            try:
-                samples, load = args.retry.measure(fns, args.large_repeats, args.min_batch)
-            finally:
-                if prev is not None:
-                    torch.set_num_threads(prev)
+            samples, load, check = measure_cell(args, torch, op, d, threads, fns, extra=copies,
+                                                repeats=args.large_repeats)
+            n_ops = len(samples) - len(copies)
             # the plain call again with the output cache off: each output a
             # fresh mapping (measured apart, since turning the cache off empties it)
             old_limit = cfbn.set_output_cache_limit(0)
@@ -289,7 +289,7 @@ def large_section(args, torch):
             row["cfbn_gbps"] = bc.gbps(op, d["x"].nbytes, row["cfbn"])
             row["cfbn_out_gbps"] = bc.gbps(op, d["x"].nbytes, row["cfbn_out"])
             row["copy_gbps"] = max(2 * nbytes / median(samples[k]) / 1e9
-                                   for k in range(n_ops, len(fns)))
+                                   for k in range(n_ops, len(samples)))
             row["fraction"] = row["cfbn_gbps"] / row["copy_gbps"]
             row["out_fraction"] = row["cfbn_out_gbps"] / row["copy_gbps"]
             row["nocache_fraction"] = (bc.gbps(op, d["x"].nbytes, row["cfbn_nocache"])
@@ -360,18 +360,7 @@ def bf16_section(args, torch):
             d32 = bc.make_inputs(shape, layout)
             for op in ("train", "grad"):
                 fns = [bc.cfbn_call(op, d16, threads), bc.cfbn_call(op, d32, threads)]
-                check = None
-                prev = None
-                if torch is not None:
-                    check = check_cell(torch, op, d16, threads)
-                    fns.append(bc.torch_call(torch, op, bc.torch_args(torch, d16)))
-                    prev = torch.get_num_threads()
-                    torch.set_num_threads(threads)
-                try:
-                    samples, load = args.retry.measure(fns, args.repeats, args.min_batch)
-                finally:
-                    if prev is not None:
-                        torch.set_num_threads(prev)
+                samples, load, check = measure_cell(args, torch, op, d16, threads, fns)
                 row = {"shape": shape, "layout": layout, "op": op, "bf16": median(samples[0]),
                        "f32": median(samples[1]), "check": check, "load": load,
                        "large": shape == bc.LARGE_SHAPE,
