@@ -41,7 +41,6 @@
 /* Bound on the per-piece partial sums kept for channels-last reductions. */
 #define MAX_PARTIAL_DOUBLES (1 << 19)
 
-static size_t elem_size(int dtype) { return cfbn_storage_size(dtype); }
 
 static double elem_get(const void *p, int dtype, int64_t i)
 {
@@ -64,7 +63,8 @@ static void vec_set(void *v, int dtype, int64_t c, double value)
 /* tensors: how many tensors of x's size the pass reads and writes */
 static int stream_output(const cfbn_shape *s, int tensors, int grad)
 {
-    return cfbn_route_stream(s->outer * s->channels * s->inner * (int64_t)elem_size(s->dtype) * tensors, grad);
+    int64_t bytes = s->outer * s->channels * s->inner * (int64_t)cfbn_storage_size(s->dtype) * tensors;
+    return cfbn_route_stream(bytes, grad);
 }
 
 /* Set in the child of fork().  GNU libgomp's thread pool does not survive
@@ -183,7 +183,8 @@ static void make_plan(const cfbn_shape *s, plan *p)
 static int per_channel(const plan *p, int tensors, int side)
 {
     if (p->layout != CFBN_CHANNELS_FIRST) return 0;
-    return cfbn_route_per_channel(p->G, p->planes, p->n * (int64_t)elem_size(p->dtype) * tensors, p->C, side);
+    int64_t slice = p->n * (int64_t)cfbn_storage_size(p->dtype) * tensors;
+    return cfbn_route_per_channel(p->G, p->planes, slice, p->C, side);
 }
 
 /* Channels-first: the piece g of channel c covers the channel's elements
@@ -347,7 +348,7 @@ typedef struct {
 
 static const void *at_elem(const void *base, int dtype, int64_t i)
 {
-    return base ? (const char *)base + (size_t)i * elem_size(dtype) : NULL;
+    return base ? (const char *)base + (size_t)i * cfbn_storage_size(dtype) : NULL;
 }
 
 /* Channels-first: the pass over `runs` runs of len contiguous elements of
@@ -365,7 +366,7 @@ static void first_stretch(const pass *ps, const double *shift, int64_t c, int64_
         part[0] = part[1] = 0.0;
         for (int64_t r = 0; r < runs; r++) {
             double one[2];
-            prefetch_next_run(at_elem(ps->a, dt, off + r * stride), len * (int64_t)elem_size(dt));
+            prefetch_next_run(at_elem(ps->a, dt, off + r * stride), len * (int64_t)cfbn_storage_size(dt));
             cfbn_route_stats(ps->k, dt, at_elem(ps->a, dt, off + r * stride), len, 1, 1, shift + c, one);
             part[0] += one[0];
             part[1] += one[1];

@@ -81,7 +81,6 @@ const cfbn_float_kernels *cfbn_route_float_table(const cfbn_kernels *k, int dtyp
     return dtype == CFBN_F16 ? &k->f16 : dtype == CFBN_BF16 ? &k->bf16 : &k->f32;
 }
 
-static size_t storage_size(int dtype) { return cfbn_storage_size(dtype); }
 
 static const void *at(const void *p, int64_t i, size_t esize)
 {
@@ -189,7 +188,6 @@ static void fuse_add_part(double *acc, const double *part, const fuse_blk *b, in
     }
 }
 
-static float load_f(int dtype, const void *p, int64_t i) { return cfbn_load_float(dtype, p, i); }
 
 static void widen_f(int dtype, const void *src, float *dst, int64_t n)
 {
@@ -213,7 +211,7 @@ static void narrow_f(int dtype, const float *src, void *dst, int64_t n)
  * 2-byte ones */
 static const float *block_x_f(int dtype, const void *x, const fuse_blk *b, float *xb)
 {
-    const void *xs = at(x, b->off, storage_size(dtype));
+    const void *xs = at(x, b->off, cfbn_storage_size(dtype));
     if (dtype == CFBN_F32) return (const float *)xs;
     widen_f(dtype, xs, xb, b->rows * b->w);
     return xb;
@@ -223,7 +221,7 @@ static void fallback_apply_f32(const cfbn_float_kernels *o, int dtype, const voi
                                int64_t w, int is_run, const cfbn_apply_f32 *p)
 {
     float xb[FUSE_BLOCK], tb[FUSE_BLOCK];
-    size_t es = storage_size(dtype);
+    size_t es = cfbn_storage_size(dtype);
     fuse_iter it = fuse_begin(rows, w, is_run);
     fuse_blk b;
     while (fuse_next(&it, &b)) {
@@ -236,7 +234,7 @@ static void fallback_apply_f32(const cfbn_float_kernels *o, int dtype, const voi
         void *out = at_w(y, b.off, es);
         for (int64_t i = 0; i < n; i++) {
             float v = tb[i];
-            if (side) v += load_f(dtype, side, i);
+            if (side) v += cfbn_load_float(dtype, side, i);
             tb[i] = cfbn_act_f32(p->act, v, p->act_alpha);
         }
         narrow_f(dtype, tb, out, n);
@@ -248,7 +246,7 @@ static void block_g_f32(const cfbn_float_kernels *o, int dtype, const float *xs,
                         const cfbn_grad_f32 *p, const fuse_blk *b, int is_run, float *tb)
 {
     int64_t n = b->rows * b->w;
-    size_t es = storage_size(dtype);
+    size_t es = cfbn_storage_size(dtype);
     if (p->act != CFBN_ACT_NONE) {
         cfbn_apply_f32 q = {p->mhi + b->col, p->mlo + b->col, p->ya + b->col, p->yb + b->col, 0, 0, 0.0f, NULL, 0, 0};
         if (is_run) o->apply_run(xs, tb, n, &q);
@@ -259,8 +257,8 @@ static void block_g_f32(const cfbn_float_kernels *o, int dtype, const float *xs,
     const void *d = at(dy, b->off, es), *side = at(p->side, b->off, es);
     for (int64_t i = 0; i < n; i++) {
         float v = tb[i];
-        if (side) v += load_f(dtype, side, i);
-        tb[i] = load_f(dtype, d, i) * cfbn_act_grad_f32(p->act, v, p->act_alpha);
+        if (side) v += cfbn_load_float(dtype, side, i);
+        tb[i] = cfbn_load_float(dtype, d, i) * cfbn_act_grad_f32(p->act, v, p->act_alpha);
     }
 }
 
@@ -288,7 +286,7 @@ static void fallback_gapply_f32(const cfbn_float_kernels *o, int dtype, const vo
                                 int64_t rows, int64_t w, int is_run, const cfbn_grad_f32 *p)
 {
     float xb[FUSE_BLOCK], tb[FUSE_BLOCK], ub[FUSE_BLOCK];
-    size_t es = storage_size(dtype);
+    size_t es = cfbn_storage_size(dtype);
     fuse_iter it = fuse_begin(rows, w, is_run);
     fuse_blk b;
     while (fuse_next(&it, &b)) {
@@ -407,7 +405,7 @@ void cfbn_route_apply_f32(const cfbn_kernels *k, int dtype, const void *x, void 
                           int is_run, const cfbn_apply_f32 *p)
 {
     const cfbn_float_kernels *o = cfbn_route_float_table(k, dtype);
-    size_t es = storage_size(dtype);
+    size_t es = cfbn_storage_size(dtype);
     int fused = apply_fused(p->act, p->side);
     if (is_run && p->runs > 1) {
         if (o->apply_runs && !fused && !p->stream) {
@@ -442,7 +440,7 @@ void cfbn_route_gstats_f32(const cfbn_kernels *k, int dtype, const void *dy, con
                            int64_t w, int is_run, const cfbn_grad_f32 *p, double *acc)
 {
     const cfbn_float_kernels *o = cfbn_route_float_table(k, dtype);
-    size_t es = storage_size(dtype);
+    size_t es = cfbn_storage_size(dtype);
     int fused = p->act != CFBN_ACT_NONE;
     if (is_run && p->runs > 1) {
         if (o->gstats_runs && !fused) {
@@ -479,7 +477,7 @@ void cfbn_route_gapply_f32(const cfbn_kernels *k, int dtype, const void *dy, con
                            int64_t rows, int64_t w, int is_run, const cfbn_grad_f32 *p)
 {
     const cfbn_float_kernels *o = cfbn_route_float_table(k, dtype);
-    size_t es = storage_size(dtype);
+    size_t es = cfbn_storage_size(dtype);
     int fused = p->act != CFBN_ACT_NONE || p->side_grad != NULL;
     if (is_run && p->runs > 1) {
         if (o->gapply_runs && !fused && !p->stream) {
