@@ -4,8 +4,9 @@ C kernels (scalar, AVX2+FMA, NEON) chosen once at import by CPU detection,
 parallelized with OpenMP; TensorFlow's FusedBatchNormV3 semantics.
 """
 from ._version import __version__
-from ._api import (BatchNormGrad, BatchNormGradSide, BatchNormOutput, fused_batch_norm,
-                   fused_batch_norm_grad, output_cache_info, release_output_cache, runtime_info,
+from ._api import (BatchNormGrad, BatchNormGradGrad, BatchNormGradSide, BatchNormOutput,
+                   fused_batch_norm, fused_batch_norm_grad, fused_batch_norm_grad_grad,
+                   output_cache_info, release_output_cache, runtime_info,
                    set_output_cache_limit)
 from .fold import fold_batch_norm
 from .layer import BatchNorm
@@ -13,8 +14,8 @@ from ._split import (BatchNormGradStatistics, BatchNormStatistics, batch_norm_ap
                      batch_norm_grad_apply, batch_norm_grad_statistics, batch_norm_statistics,
                      merge_statistics, merge_statistics_many)
 
-__all__ = ["BatchNormGrad", "BatchNormGradSide", "BatchNormOutput", "fused_batch_norm",
-           "fused_batch_norm_grad", "reference", "runtime_info", "__version__",
+__all__ = ["BatchNormGrad", "BatchNormGradGrad", "BatchNormGradSide", "BatchNormOutput",
+           "fused_batch_norm", "fused_batch_norm_grad", "fused_batch_norm_grad_grad", "reference", "runtime_info", "__version__",
            "BatchNorm", "fold_batch_norm",
            "BatchNormGradStatistics", "BatchNormStatistics", "batch_norm_apply",
            "batch_norm_grad_apply", "batch_norm_grad_statistics", "batch_norm_statistics",

@@ -5,7 +5,7 @@ The argument rules are cfbn._args's; this module calls them and the kernels.
 import numpy as np
 
 from . import _args, _kernels
-from ._args import BatchNormGrad, BatchNormGradSide, BatchNormOutput
+from ._args import BatchNormGrad, BatchNormGradGrad, BatchNormGradSide, BatchNormOutput
 from ._version import __version__
 
 
@@ -209,6 +209,93 @@ def _backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon, d
     if write_back:
         outs = _args.write_back(outs, write_back)
     return result_type(*outs)
+
+
+def fused_batch_norm_grad_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2,
+                               grad_x_backprop, grad_scale_backprop=None,
+                               grad_offset_backprop=None, *, epsilon=1e-4, data_format="NHWC",
+                               is_training=True, n_threads=None, out=None):
+    """Second-order gradient of batch normalization: the gradient of the gradient.
+
+    With ``(x_backprop, scale_backprop, offset_backprop) =
+    fused_batch_norm_grad(y_backprop, x, scale, reserve_space_1,
+    reserve_space_2, ...)`` and upstream gradients ``ggx``, ``ggscale`` and
+    ``ggoffset`` of those three outputs, returns the derivatives of ``L =
+    sum(ggx * x_backprop) + sum(ggscale * scale_backprop) + sum(ggoffset *
+    offset_backprop)`` with respect to `y_backprop`, `x` and `scale`: the
+    backward pass of `fused_batch_norm_grad` itself, as a gradient penalty,
+    second-order MAML or a Hessian-vector product needs it.  In training the
+    batch statistics (the reserve spaces) depend on `x` and are
+    differentiated through; in inference they are constants.
+
+    Parameters
+    ----------
+    y_backprop, x, scale, reserve_space_1, reserve_space_2
+        The inputs of the `fused_batch_norm_grad` call being differentiated.
+    grad_x_backprop : ndarray or None
+        ggx, x's shape and dtype; None means zeros.
+    grad_scale_backprop, grad_offset_backprop : ndarray, optional
+        ggscale and ggoffset, per-channel vectors as `scale`; None means zeros.
+    epsilon, data_format, is_training, n_threads
+        As for `fused_batch_norm_grad`; use the same values.
+    out : tuple, list or dict, optional
+        Preallocated outputs (some or all), written in place and returned.
+        They may not share memory with any input.
+
+    Returns
+    -------
+    BatchNormGradGrad
+        ``(y_backprop_backprop, x_backprop, scale_backprop)``: x's shape and
+        dtype for the first two, `scale`'s for the third.
+
+    Notes
+    -----
+    Training mode is two passes over the tensors: five per-channel sums
+    (of dy, dy * (x - mean), ggx, ggx * (x - mean) and ggx * dy), then one
+    pass that writes both tensor outputs.  Results do not depend on
+    `n_threads`.  No activation or side input is taken.  CuPy arrays run on
+    their GPU and give CuPy arrays.
+    """
+    if type(x) is not np.ndarray and _args.is_cupy(x):
+        from . import _gpu
+        return _gpu.grad_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2,
+                              grad_x_backprop, grad_scale_backprop, grad_offset_backprop,
+                              epsilon, data_format, is_training, n_threads, out)
+    x, dt, vdt = _args.tensor(x, "x")
+    dy = _args.as_array(y_backprop, "y_backprop")
+    _args.check_dy(dy, x)
+    dy = _args.contiguous(dy)
+    ggx = None
+    if grad_x_backprop is not None:
+        ggx = _args.as_array(grad_x_backprop, "grad_x_backprop")
+        _args.check_like_x(ggx, x, "grad_x_backprop")
+        ggx = _args.contiguous(ggx)
+    layout, outer, channels, inner = _args.layout(data_format, x)
+    scale = _args.vector(scale, "scale", channels, vdt)
+    mu = _args.vector(reserve_space_1, "reserve_space_1", channels, vdt)
+    var = _args.vector(reserve_space_2, "reserve_space_2", channels, vdt)
+    ggs = None
+    if grad_scale_backprop is not None:
+        ggs = _args.vector(grad_scale_backprop, "grad_scale_backprop", channels, vdt)
+    ggo = None
+    if grad_offset_backprop is not None:
+        ggo = _args.vector(grad_offset_backprop, "grad_offset_backprop", channels, vdt)
+    eps = _args.epsilon(epsilon)
+    training = _args.flag(is_training, "is_training")
+    nt = _args.threads(n_threads)
+    vshape = (channels,)
+    outs, write_back = _args.outputs(
+        out, BatchNormGradGrad._fields,
+        ((x.shape, x.dtype), (x.shape, x.dtype), (vshape, vdt)),
+        (("y_backprop", dy), ("x", x), ("scale", scale), ("reserve_space_1", mu),
+         ("reserve_space_2", var), ("grad_x_backprop", ggx), ("grad_scale_backprop", ggs),
+         ("grad_offset_backprop", ggo)))
+    ddy, dx, dscale = outs
+    _kernels.backward_backward(dt, layout, outer, channels, inner, nt, training, dy, x, scale,
+                               mu, var, eps, ggx, ggs, ggo, ddy, dx, dscale)
+    if write_back:
+        outs = _args.write_back(outs, write_back)
+    return BatchNormGradGrad(*outs)
 
 
 def runtime_info():

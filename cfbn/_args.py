@@ -21,6 +21,8 @@ BatchNormGrad = namedtuple("BatchNormGrad", ["x_backprop", "scale_backprop", "of
 # result stays TensorFlow's three fields.
 BatchNormGradSide = namedtuple(
     "BatchNormGradSide", ["x_backprop", "scale_backprop", "offset_backprop", "side_input_backprop"])
+BatchNormGradGrad = namedtuple(
+    "BatchNormGradGrad", ["y_backprop_backprop", "x_backprop", "scale_backprop"])
 
 # activation name -> (code of enum cfbn_activation, default alpha or None if it takes none)
 ACTIVATIONS = {None: (0, None), "relu": (1, None), "relu6": (2, None),
@@ -287,6 +289,14 @@ def check_offset_given(act, offset):
     if act and offset is None:
         raise ValueError("offset: required when activation is set (the gradient recomputes "
                          "the pre-activation from it)")
+
+
+def check_like_x(a, x, name):
+    """A tensor argument that must have x's dtype and shape."""
+    if a.dtype != x.dtype:
+        raise TypeError("%s: expected dtype %s to match x, got %s" % (name, x.dtype, a.dtype))
+    if a.shape != x.shape:
+        raise ValueError("%s: expected x's shape %s, got %s" % (name, x.shape, a.shape))
 
 
 def check_dy(dy, x):

@@ -57,6 +57,11 @@ cdef extern from "cfbn.h":
                       const void *saved_mean, const void *saved_variance, double epsilon,
                       void *dx, void *scale_backprop, void *offset_backprop,
                       const cfbn_fusion *fusion) nogil
+    int cfbn_backward_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
+                               const void *dy, const void *x, const void *scale,
+                               const void *saved_mean, const void *saved_variance, double epsilon,
+                               const void *ggx, const void *ggscale, const void *ggoffset,
+                               void *ddy, void *dx, void *scale_backprop) nogil
     int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x,
                         double *mean, double *m2) nogil
     void cfbn_train_statistics(int64_t channels, int64_t count, const double *mean,
@@ -264,6 +269,30 @@ def backward(int dtype, int layout, int64_t outer, int64_t channels, int64_t inn
     with nogil:
         rc = cfbn_backward(_table, &s, training, pdy, px, pscale, psm, psv, epsilon,
                            pdx, psb, pob, pfu)
+    if rc != 0:
+        raise MemoryError("cfbn: out of memory for scratch buffers")
+
+
+def backward_backward(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
+                      int n_threads, bint training, dy, x, scale, saved_mean, saved_variance,
+                      double epsilon, ggx, ggscale, ggoffset, ddy, dx, scale_backprop):
+    cdef cfbn_shape s
+    _shape(&s, dtype, layout, outer, channels, inner, n_threads)
+    cdef void *pdy = _ptr(dy)
+    cdef void *px = _ptr(x)
+    cdef void *pscale = _ptr(scale)
+    cdef void *psm = _ptr(saved_mean)
+    cdef void *psv = _ptr(saved_variance)
+    cdef void *pq = _ptr(ggx)
+    cdef void *pqs = _ptr(ggscale)
+    cdef void *pqo = _ptr(ggoffset)
+    cdef void *pddy = _ptr(ddy)
+    cdef void *pdx = _ptr(dx)
+    cdef void *psb = _ptr(scale_backprop)
+    cdef int rc
+    with nogil:
+        rc = cfbn_backward_backward(_table, &s, training, pdy, px, pscale, psm, psv, epsilon,
+                                    pq, pqs, pqo, pddy, pdx, psb)
     if rc != 0:
         raise MemoryError("cfbn: out of memory for scratch buffers")
 

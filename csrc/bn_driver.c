@@ -329,10 +329,57 @@ static void call_gapply(const cfbn_kernels *k, const params *pp, int64_t at, con
     }
 }
 
+/* Second-order gradient parameters: cfbn_gg_f32/f64 from the arrays of a
+ * params of GG_COUNT (at = channel index, or 0 for rows). */
+enum { GG_MHI, GG_MLO, GG_A1, GG_B1, GG_C1, GG_A2, GG_B2, GG_C2, GG_E2, GG_COUNT };
+
+static void gg_f32(const params *pp, int64_t at, cfbn_gg_f32 *g)
+{
+    const float *f = pp->f + at;
+    int64_t L = pp->len;
+    *g = (cfbn_gg_f32){ f + GG_MHI * L, f + GG_MLO * L, f + GG_A1 * L, f + GG_B1 * L, f + GG_C1 * L,
+                        f + GG_A2 * L, f + GG_B2 * L, f + GG_C2 * L, f + GG_E2 * L, pp->stream };
+}
+
+static void gg_f64(const params *pp, int64_t at, cfbn_gg_f64 *g)
+{
+    const double *d = pp->d + at;
+    int64_t L = pp->len;
+    *g = (cfbn_gg_f64){ d + GG_MHI * L, d + GG_MLO * L, d + GG_A1 * L, d + GG_B1 * L, d + GG_C1 * L,
+                        d + GG_A2 * L, d + GG_B2 * L, d + GG_C2 * L, d + GG_E2 * L, pp->stream };
+}
+
+static void call_ggstats(const cfbn_kernels *k, const params *pp, int64_t at, const void *dy, const void *x,
+                         const void *ggx, int64_t rows, int64_t w, int is_run, int64_t runs, int64_t stride,
+                         double *acc)
+{
+    cfbn_gg_f32 f;
+    cfbn_gg_f64 d;
+    if (pp->d) gg_f64(pp, at, &d);
+    else gg_f32(pp, at, &f);
+    cfbn_route_ggstats(k, pp->dtype, dy, x, ggx, rows, w, is_run, runs, stride, pp->d ? (const void *)&d : &f,
+                       acc);
+}
+
+static void call_ggapply(const cfbn_kernels *k, const params *pp, int64_t at, const void *dy, const void *x,
+                         const void *ggx, void *ddy, void *dx, int64_t rows, int64_t w, int is_run, int64_t runs,
+                         int64_t stride)
+{
+    cfbn_gg_f32 f;
+    cfbn_gg_f64 d;
+    if (pp->d) gg_f64(pp, at, &d);
+    else gg_f32(pp, at, &f);
+    cfbn_route_ggapply(k, pp->dtype, dy, x, ggx, ddy, dx, rows, w, is_run, runs, stride,
+                       pp->d ? (const void *)&d : &f);
+}
+
 /* ---- passes over the tensor ---- */
 
 /* What a pass does with one contiguous stretch of data. */
-enum pass_kind { PASS_STATS, PASS_APPLY, PASS_GSTATS, PASS_GAPPLY };
+enum pass_kind { PASS_STATS, PASS_APPLY, PASS_GSTATS, PASS_GAPPLY, PASS_GGSTATS, PASS_GGAPPLY };
+
+/* The most sums per channel a reduction gives (PASS_GGSTATS). */
+#define MAX_SUMS 5
 
 typedef struct {
     const cfbn_kernels *k;
@@ -341,10 +388,18 @@ typedef struct {
     int kind;
     const void *a;      /* x (stats, apply) or dy (gradient passes) */
     const void *b;      /* x for gradient passes */
-    void *out;          /* y or dx */
+    void *out;          /* y, dx, or ddy (second-order apply) */
     const void *side;   /* fused side input, or NULL */
     void *side_grad;    /* gradient apply: dy * act'(pre), or NULL */
+    const void *q;      /* second order: ggx */
+    void *out2;         /* second-order apply: dx */
 } pass;
+
+/* Sums per channel of a reduction pass. */
+static int pass_sums(const pass *ps)
+{
+    return ps->kind == PASS_GGSTATS ? 5 : 2;
+}
 
 static const void *at_elem(const void *base, int dtype, int64_t i)
 {
@@ -353,7 +408,7 @@ static const void *at_elem(const void *base, int dtype, int64_t i)
 
 /* Channels-first: the pass over `runs` runs of len contiguous elements of
  * channel c, the first at element off and the others one sample (C*S
- * elements) apart.  Reductions write their two sums to part. */
+ * elements) apart.  Reductions write their sums (pass_sums) to part. */
 static void first_stretch(const pass *ps, const double *shift, int64_t c, int64_t off, int64_t len,
                           int64_t runs, double *part)
 {
@@ -385,17 +440,37 @@ static void first_stretch(const pass *ps, const double *shift, int64_t c, int64_
                     (void *)at_elem(ps->out, dt, off), len, 1, 1, at_elem(ps->side, dt, off),
                     (void *)at_elem(ps->side_grad, dt, off), runs, stride);
         break;
+    case PASS_GGSTATS:
+        call_ggstats(ps->k, ps->pp, c, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off), at_elem(ps->q, dt, off),
+                     len, 1, 1, runs, stride, part);
+        break;
+    case PASS_GGAPPLY:
+        call_ggapply(ps->k, ps->pp, c, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off), at_elem(ps->q, dt, off),
+                     (void *)at_elem(ps->out, dt, off), (void *)at_elem(ps->out2, dt, off), len, 1, 1, runs,
+                     stride);
+        break;
     }
 }
 
+static void clear_sums(double *acc, int k)
+{
+    for (int j = 0; j < k; j++) acc[j] = 0.0;
+}
+
+static void add_sums(double *acc, const double *part, int k)
+{
+    for (int j = 0; j < k; j++) acc[j] += part[j];
+}
+
 /* Channels-first: run the pass over piece g of channel c.  For reductions,
- * the sub-run sums are added in order into acc[0..2). */
+ * the sub-run sums are added in order into acc[0..pass_sums). */
 static void first_piece(const pass *ps, const double *shift, int64_t c, int64_t g, double *acc)
 {
     const plan *p = ps->p;
+    int ns = pass_sums(ps);
     int64_t lo, hi;
     piece_bounds(p, g, &lo, &hi);
-    acc[0] = acc[1] = 0.0;
+    clear_sums(acc, ns);
     if (p->S > 0 && lo % p->S == 0 && hi % p->S == 0 && hi > lo) {
         /* whole planes: one call for all of them */
         first_stretch(ps, shift, c, (lo / p->S * p->C + c) * p->S, p->S, (hi - lo) / p->S, acc);
@@ -404,10 +479,9 @@ static void first_piece(const pass *ps, const double *shift, int64_t c, int64_t 
     for (int64_t pos = lo; pos < hi;) {
         int64_t n = pos / p->S, i = pos - n * p->S;
         int64_t len = p->S - i < hi - pos ? p->S - i : hi - pos;
-        double part[2] = { 0.0, 0.0 };
+        double part[MAX_SUMS] = { 0.0 };
         first_stretch(ps, shift, c, (n * p->C + c) * p->S + i, len, 1, part);
-        acc[0] += part[0];
-        acc[1] += part[1];
+        add_sums(acc, part, ns);
         pos += len;
     }
 }
@@ -427,7 +501,7 @@ static void first_flat(const pass *ps, int64_t lo, int64_t hi)
 }
 
 /* Channels-last: run the pass over piece q (q == pieces is the tail).
- * Reductions write 2*w sums to acc. */
+ * Reductions write pass_sums * w sums to acc. */
 static void last_piece(const pass *ps, const double *shift, int64_t q, double *acc)
 {
     const plan *p = ps->p;
@@ -459,12 +533,20 @@ static void last_piece(const pass *ps, const double *shift, int64_t q, double *a
                     (void *)at_elem(ps->out, dt, off), nrows, w, 0, at_elem(ps->side, dt, off),
                     (void *)at_elem(ps->side_grad, dt, off), 1, 0);
         break;
+    case PASS_GGSTATS:
+        call_ggstats(ps->k, ps->pp, 0, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off), at_elem(ps->q, dt, off),
+                     nrows, w, 0, 1, 0, acc);
+        break;
+    case PASS_GGAPPLY:
+        call_ggapply(ps->k, ps->pp, 0, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off), at_elem(ps->q, dt, off),
+                     (void *)at_elem(ps->out, dt, off), (void *)at_elem(ps->out2, dt, off), nrows, w, 0, 1, 0);
+        break;
     }
 }
 
 static int is_reduction(int kind)
 {
-    return kind == PASS_STATS || kind == PASS_GSTATS;
+    return kind == PASS_STATS || kind == PASS_GSTATS || kind == PASS_GGSTATS;
 }
 
 typedef struct {
@@ -476,9 +558,9 @@ typedef struct {
 static void first_task(void *ctx, int64_t t)
 {
     const pass_task *pt = ctx;
-    double dummy[2];
+    double dummy[MAX_SUMS];
     int64_t G = pt->ps->p->G;
-    first_piece(pt->ps, pt->shift, t / G, t % G, pt->part ? pt->part + 2 * t : dummy);
+    first_piece(pt->ps, pt->shift, t / G, t % G, pt->part ? pt->part + pass_sums(pt->ps) * t : dummy);
 }
 
 /* Channels-first, plane order: the sums of plane t = n * C + c. */
@@ -486,7 +568,7 @@ static void plane_task(void *ctx, int64_t t)
 {
     const pass_task *pt = ctx;
     const plan *p = pt->ps->p;
-    first_stretch(pt->ps, pt->shift, t % p->C, t * p->S, p->S, 1, pt->part + 2 * t);
+    first_stretch(pt->ps, pt->shift, t % p->C, t * p->S, p->S, 1, pt->part + pass_sums(pt->ps) * t);
 }
 
 /* Channels-first, plane order within one channel: its planes' sums added in
@@ -494,19 +576,19 @@ static void plane_task(void *ctx, int64_t t)
 static void channel_plane_sums(const pass *ps, const double *shift, int64_t c, double *acc)
 {
     const plan *p = ps->p;
-    acc[0] = acc[1] = 0.0;
+    int ns = pass_sums(ps);
+    clear_sums(acc, ns);
     for (int64_t n = 0; n < p->N; n++) {
-        double part[2] = { 0.0, 0.0 };
+        double part[MAX_SUMS] = { 0.0 };
         first_stretch(ps, shift, c, (n * p->C + c) * p->S, p->S, 1, part);
-        acc[0] += part[0];
-        acc[1] += part[1];
+        add_sums(acc, part, ns);
     }
 }
 
 static void last_task(void *ctx, int64_t q)
 {
     const pass_task *pt = ctx;
-    last_piece(pt->ps, pt->shift, q, pt->part ? pt->part + 2 * pt->ps->p->W * q : NULL);
+    last_piece(pt->ps, pt->shift, q, pt->part ? pt->part + pass_sums(pt->ps) * pt->ps->p->W * q : NULL);
 }
 
 typedef struct {
@@ -520,26 +602,26 @@ static void first_flat_task(void *ctx, int64_t t)
     first_flat(ft->ps, ft->total * t / ft->tasks, ft->total * (t + 1) / ft->tasks);
 }
 
-/* Adds the column sums a[0..w) and a[w..2w) of a channels-last piece to
+/* Adds the ns column sums a[k*w .. (k+1)*w) of a channels-last piece to
  * the channel sums: column j is channel j mod C (w is a multiple of C). */
-static void fold_columns(const double *a, int64_t w, int64_t C, double *sums)
+static void fold_columns(const double *a, int64_t w, int64_t C, int ns, double *sums)
 {
     for (int64_t j0 = 0; j0 < w; j0 += C) {
         for (int64_t c = 0; c < C; c++) {
-            sums[2 * c] += a[j0 + c];
-            sums[2 * c + 1] += a[w + j0 + c];
+            for (int k = 0; k < ns; k++) sums[ns * c + k] += a[k * w + j0 + c];
         }
     }
 }
 
-/* Run one pass over the whole tensor.  For reductions, sums[2*c] and
- * sums[2*c+1] receive the channel's two sums.  Returns -1 on allocation
+/* Run one pass over the whole tensor.  For reductions, sums[ns*c + k]
+ * receives the channel's sum k (ns = pass_sums).  Returns -1 on allocation
  * failure. */
 static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
 {
     const plan *p = ps->p;
     int64_t C = p->C;
     int red = is_reduction(ps->kind);
+    int ns = pass_sums(ps);
     pass_task pt = { ps, shift, NULL };
     if (p->layout == CFBN_CHANNELS_FIRST && !red && cfbn_route_flat(p->S)) {
         /* elementwise: equal stretches of memory, one or more per thread */
@@ -555,17 +637,12 @@ static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
         /* one task per plane, in memory order; per channel, the planes' sums
          * are added in batch order */
         int64_t tasks = p->N * C;
-        pt.part = alloc64((size_t)(tasks > 0 ? tasks : 1) * 2 * sizeof(double));
+        pt.part = alloc64((size_t)(tasks > 0 ? tasks : 1) * ns * sizeof(double));
         if (!pt.part) return -1;
         parallel_for(nt, tasks, plane_task, &pt);
         for (int64_t c = 0; c < C; c++) {
-            double s1 = 0.0, s2 = 0.0;
-            for (int64_t n = 0; n < p->N; n++) {
-                s1 += pt.part[2 * (n * C + c)];
-                s2 += pt.part[2 * (n * C + c) + 1];
-            }
-            sums[2 * c] = s1;
-            sums[2 * c + 1] = s2;
+            clear_sums(sums + ns * c, ns);
+            for (int64_t n = 0; n < p->N; n++) add_sums(sums + ns * c, pt.part + ns * (n * C + c), ns);
         }
         free(pt.part);
         return 0;
@@ -575,19 +652,14 @@ static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
          * planes: tasks are (channel, piece) */
         int64_t tasks = C * p->G;
         if (red) {
-            pt.part = alloc64((size_t)(tasks > 0 ? tasks : 1) * 2 * sizeof(double));
+            pt.part = alloc64((size_t)(tasks > 0 ? tasks : 1) * ns * sizeof(double));
             if (!pt.part) return -1;
         }
         parallel_for(nt, tasks, first_task, &pt);
         if (red) {
             for (int64_t c = 0; c < C; c++) {
-                double s1 = 0.0, s2 = 0.0;
-                for (int64_t g = 0; g < p->G; g++) {
-                    s1 += pt.part[2 * (c * p->G + g)];
-                    s2 += pt.part[2 * (c * p->G + g) + 1];
-                }
-                sums[2 * c] = s1;
-                sums[2 * c + 1] = s2;
+                clear_sums(sums + ns * c, ns);
+                for (int64_t g = 0; g < p->G; g++) add_sums(sums + ns * c, pt.part + ns * (c * p->G + g), ns);
             }
             free(pt.part);
         }
@@ -597,7 +669,7 @@ static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
     int64_t tasks = p->pieces + (p->tail > 0);
     int64_t W = p->W;
     if (red) {
-        pt.part = alloc64((size_t)(tasks > 0 ? tasks : 1) * 2 * (size_t)W * sizeof(double));
+        pt.part = alloc64((size_t)(tasks > 0 ? tasks : 1) * ns * (size_t)W * sizeof(double));
         if (!pt.part) return -1;
     }
     parallel_for(nt, tasks, last_task, &pt);
@@ -605,12 +677,12 @@ static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
         /* the full pieces' column sums, in piece order, into piece 0's */
         double *a0 = pt.part;
         for (int64_t q = 1; q < p->pieces; q++) {
-            const double *a = pt.part + 2 * W * q;
-            for (int64_t j = 0; j < 2 * W; j++) a0[j] += a[j];
+            const double *a = pt.part + ns * W * q;
+            for (int64_t j = 0; j < ns * W; j++) a0[j] += a[j];
         }
-        for (int64_t c = 0; c < C; c++) sums[2 * c] = sums[2 * c + 1] = 0.0;
-        if (p->pieces > 0) fold_columns(a0, W, C, sums);
-        if (p->tail > 0) fold_columns(pt.part + 2 * W * p->pieces, p->tail, C, sums);
+        for (int64_t j = 0; j < ns * C; j++) sums[j] = 0.0;
+        if (p->pieces > 0) fold_columns(a0, W, C, ns, sums);
+        if (p->tail > 0) fold_columns(pt.part + ns * W * p->pieces, p->tail, C, ns, sums);
         free(pt.part);
     }
     return 0;
@@ -1041,6 +1113,159 @@ int cfbn_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, 
     if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, G_COUNT, p.C);
     pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx, NULL, NULL };
     int rc = run_pass(&ga, NULL, thread_count(s), NULL);
+    params_free(&pp);
+    return rc;
+}
+
+/* ---- second-order gradient ---- */
+
+typedef struct {
+    int training;
+    const void *scale, *saved_variance, *ggscale, *ggoffset;
+    double epsilon;
+    void *scale_backprop;
+} gg_args;
+
+/* Turn a channel's five sums into scale_backprop and its apply parameters. */
+static void gg_channel(const plan *p, const gg_args *a, params *pp, int64_t c, const double *sums)
+{
+    int dt = p->dtype;
+    double r = cfbn_rstd(vec_get(a->saved_variance, dt, c), a->epsilon);
+    double gamma = vec_get(a->scale, dt, c);
+    double ggs = a->ggscale ? vec_get(a->ggscale, dt, c) : 0.0;
+    double ggo = a->ggoffset ? vec_get(a->ggoffset, dt, c) : 0.0;
+    double sbp, kc[7];
+    cfbn_grad_grad_params(a->training, (long long)p->n, gamma, r, ggs, ggo, sums, &sbp, kc);
+    vec_set(a->scale_backprop, dt, c, sbp);
+    for (int j = 0; j < 7; j++) params_set(pp, GG_A1 + j, c, kc[j]);
+}
+
+typedef struct {
+    const pass *stats, *apply;
+    const gg_args *a;
+    params *pp;
+} fused_gg;
+
+static void fused_gg_task(void *ctx, int64_t c)
+{
+    const fused_gg *f = ctx;
+    double acc[MAX_SUMS];
+    if (f->stats->p->planes) channel_plane_sums(f->stats, NULL, c, acc);
+    else first_piece(f->stats, NULL, c, 0, acc);
+    gg_channel(f->stats->p, f->a, f->pp, c, acc);
+    first_piece(f->apply, NULL, c, 0, acc);
+}
+
+/* Inference: dx = ggscale * r * dy, the normalization pass of dy (so that a
+ * NaN in x or ggx stays out of dx, which does not depend on them). */
+static int gg_inference_dx(const cfbn_kernels *k, const cfbn_shape *s, const plan *p, const gg_args *a,
+                           const void *dy, void *dx)
+{
+    int dt = s->dtype;
+    params ap;
+    if (params_init(&ap, dt, param_len(p, s->layout), P_APPLY_COUNT) < 0) return -1;
+    ap.stream = stream_output(s, 2, 0);
+    for (int64_t c = 0; c < p->C; c++) {
+        double ggs = a->ggscale ? vec_get(a->ggscale, dt, c) : 0.0;
+        set_apply_params(&ap, c, 0.0, vec_get(a->saved_variance, dt, c), ggs, 0.0, a->epsilon);
+    }
+    if (s->layout == CFBN_CHANNELS_LAST) tile_params(&ap, P_APPLY_COUNT, p->C);
+    pass pd = { k, p, &ap, PASS_APPLY, dy, NULL, dx, NULL, NULL, NULL, NULL };
+    int rc = run_pass(&pd, NULL, thread_count(s), NULL);
+    params_free(&ap);
+    return rc;
+}
+
+/* ggx NULL: ddy = ggscale * r * (x - mean) + ggoffset is the normalization
+ * pass of x, dx the gradient's pass with gamma = ggscale (training: ggscale
+ * * r * (g - <g> - xhat * <g xhat>)), and scale_backprop is 0. */
+static int gg_without_ggx(const cfbn_kernels *k, const cfbn_shape *s, const plan *p, const gg_args *a,
+                          const void *dy, const void *x, const void *saved_mean, void *ddy, void *dx)
+{
+    int dt = s->dtype, nt = thread_count(s);
+    params gp, ap;
+    double *sums = malloc((size_t)(p->C > 0 ? p->C : 1) * 2 * sizeof(double));
+    if (!sums) return -1;
+    if (params_init(&gp, dt, param_len(p, s->layout), G_COUNT) < 0) {
+        free(sums);
+        return -1;
+    }
+    if (params_init(&ap, dt, param_len(p, s->layout), P_APPLY_COUNT) < 0) {
+        free(sums);
+        params_free(&gp);
+        return -1;
+    }
+    int rc = -1;
+    gp.stream = stream_output(s, 3, 1);
+    ap.stream = stream_output(s, 2, 0);
+    for (int64_t c = 0; c < p->C; c++) {
+        params_set_mean(&gp, G_MHI, G_MLO, c, vec_get(saved_mean, dt, c));
+        vec_set(a->scale_backprop, dt, c, 0.0);
+    }
+    if (s->layout == CFBN_CHANNELS_LAST) tile_params(&gp, 2, p->C);
+    pass gs = { k, p, &gp, PASS_GSTATS, dy, x, NULL, NULL, NULL, NULL, NULL };
+    if (a->training && run_pass(&gs, NULL, nt, sums) < 0) goto done;
+    for (int64_t c = 0; c < p->C; c++) {
+        double var = vec_get(a->saved_variance, dt, c), r = cfbn_rstd(var, a->epsilon);
+        double ggs = a->ggscale ? vec_get(a->ggscale, dt, c) : 0.0;
+        double ggo = a->ggoffset ? vec_get(a->ggoffset, dt, c) : 0.0;
+        if (a->training)
+            set_grad_params(&gp, c, 1, p->n, ggs, r, sums[2 * c], p->n > 0 ? sums[2 * c + 1] * r : 0.0);
+        set_apply_params(&ap, c, vec_get(saved_mean, dt, c), var, ggs, ggo, a->epsilon);
+    }
+    if (s->layout == CFBN_CHANNELS_LAST) {
+        tile_params(&gp, G_COUNT, p->C);
+        tile_params(&ap, P_APPLY_COUNT, p->C);
+    }
+    pass ga = { k, p, &gp, PASS_GAPPLY, dy, x, dx, NULL, NULL, NULL, NULL };
+    pass px = { k, p, &ap, PASS_APPLY, x, NULL, ddy, NULL, NULL, NULL, NULL };
+    if (a->training ? run_pass(&ga, NULL, nt, NULL) : gg_inference_dx(k, s, p, a, dy, dx)) goto done;
+    rc = run_pass(&px, NULL, nt, NULL);
+done:
+    free(sums);
+    params_free(&gp);
+    params_free(&ap);
+    return rc;
+}
+
+int cfbn_backward_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
+                           const void *dy, const void *x, const void *scale,
+                           const void *saved_mean, const void *saved_variance, double epsilon,
+                           const void *ggx, const void *ggscale, const void *ggoffset,
+                           void *ddy, void *dx, void *scale_backprop)
+{
+    plan p;
+    make_plan(s, &p);
+    gg_args a = { training, scale, saved_variance, ggscale, ggoffset, epsilon, scale_backprop };
+    if (!ggx) return gg_without_ggx(k, s, &p, &a, dy, x, saved_mean, ddy, dx);
+    int nt = thread_count(s);
+    params pp;
+    if (params_init(&pp, s->dtype, param_len(&p, s->layout), GG_COUNT) < 0) return -1;
+    /* the pass reads three tensors and writes two */
+    pp.stream = stream_output(s, 5, 1);
+    int rc = -1;
+    double *sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 5 * sizeof(double));
+    if (!sums) goto done;
+    for (int64_t c = 0; c < p.C; c++)
+        params_set_mean(&pp, GG_MHI, GG_MLO, c, vec_get(saved_mean, s->dtype, c));
+    pass gs = { k, &p, &pp, PASS_GGSTATS, dy, x, NULL, NULL, NULL, ggx, NULL };
+    pass ga = { k, &p, &pp, PASS_GGAPPLY, dy, x, ddy, NULL, NULL, ggx, dx };
+    if (per_channel(&p, 3, 0)) {
+        /* One task per channel: its sums, then its outputs while the
+         * channel's three inputs are in cache. */
+        fused_gg ctx = { &gs, &ga, &a, &pp };
+        parallel_for(nt, p.C, fused_gg_task, &ctx);
+        rc = training ? 0 : gg_inference_dx(k, s, &p, &a, dy, dx);
+        goto done;
+    }
+    if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, 2, p.C);
+    if (run_pass(&gs, NULL, nt, sums) < 0) goto done;
+    for (int64_t c = 0; c < p.C; c++) gg_channel(&p, &a, &pp, c, sums + 5 * c);
+    if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, GG_COUNT, p.C);
+    rc = run_pass(&ga, NULL, nt, NULL);
+    if (rc == 0 && !training) rc = gg_inference_dx(k, s, &p, &a, dy, dx);
+done:
+    free(sums);
     params_free(&pp);
     return rc;
 }

@@ -93,4 +93,37 @@
     .gstats_run_fused = gstats_run_fused_##sfx, .gstats_rows_fused = gstats_rows_fused_##sfx,                  \
     .gapply_run_fused = gapply_run_fused_##sfx, .gapply_rows_fused = gapply_rows_fused_##sfx
 
+/* The four second-order gradient entries (optional outside the scalar
+ * table), from loops ggstats_run_G, ggstats_rows_G, ggapply_run_G and
+ * ggapply_rows_G taking their entry's arguments and then dt:
+ *
+ *     CFBN_GG_ENTRIES(bf16, CFBN_BF16, G)
+ *     .bf16 = { CFBN_FLOAT_TABLE(bf16), CFBN_GG_TABLE(bf16) }
+ */
+#define CFBN_GG_ENTRIES(sfx, DT, G)                                                                           \
+    static void ggstats_run_##sfx(const void *dy, const void *x, const void *ggx, int64_t n,                   \
+                                  const cfbn_gg_f32 *p, double *acc)                                           \
+    {                                                                                                          \
+        ggstats_run_##G(dy, x, ggx, n, p, acc, DT);                                                            \
+    }                                                                                                          \
+    static void ggstats_rows_##sfx(const void *dy, const void *x, const void *ggx, int64_t rows, int64_t w,    \
+                                   const cfbn_gg_f32 *p, double *acc)                                          \
+    {                                                                                                          \
+        ggstats_rows_##G(dy, x, ggx, rows, w, p, acc, DT);                                                     \
+    }                                                                                                          \
+    static void ggapply_run_##sfx(const void *dy, const void *x, const void *ggx, void *ddy, void *dx,         \
+                                  int64_t n, const cfbn_gg_f32 *p)                                             \
+    {                                                                                                          \
+        ggapply_run_##G(dy, x, ggx, ddy, dx, n, p, DT);                                                        \
+    }                                                                                                          \
+    static void ggapply_rows_##sfx(const void *dy, const void *x, const void *ggx, void *ddy, void *dx,        \
+                                   int64_t rows, int64_t w, const cfbn_gg_f32 *p)                              \
+    {                                                                                                          \
+        ggapply_rows_##G(dy, x, ggx, ddy, dx, rows, w, p, DT);                                                 \
+    }
+
+#define CFBN_GG_TABLE(sfx)                                                                                     \
+    .ggstats_run = ggstats_run_##sfx, .ggstats_rows = ggstats_rows_##sfx,                                      \
+    .ggapply_run = ggapply_run_##sfx, .ggapply_rows = ggapply_rows_##sfx
+
 #endif

@@ -197,6 +197,52 @@ CFBN_INLINE void cfbn_grad_params(int training, long long n, double gamma, doubl
     cfbn_grad_coeffs(training, n, gamma, r, sum_dy, sbp, a, b, c);
 }
 
+/* Second-order gradient parameters of one channel (cfbn.h's cfbn_gg_*,
+ * SPEC.md's formulas) from its five sums over n elements, with d = x - mean:
+ * sum(g), sum(g * d), sum(q), sum(q * d), sum(q * g) (g = dy, q = ggx).
+ * Outputs scale_backprop and k[0..7) = a1, b1, c1, a2, b2, c2, e2 of
+ *   ddy = q * a1 + d * b1 + c1,  dx = g * a2 + q * b2 + d * c2 + e2.
+ * With one element per channel in training, d = 0 and the exact ddy is
+ * ggoffset and dx is 0: a1 = a2 = b2 = e2 = 0 and c1 = ggoffset keep
+ * rounding noise out of both, as cfbn_grad_coeffs does.  An empty batch's
+ * scale_backprop is the empty sum 0. */
+CFBN_INLINE void cfbn_grad_grad_params(int training, long long n, double gamma, double r, double ggscale,
+                                       double ggoffset, const double *s, double *scale_bp, double *k)
+{
+    double dn = (double)n;
+    if (!training) {
+        *scale_bp = n > 0 ? r * s[4] : 0.0;
+        k[0] = gamma * r;          /* a1 */
+        k[1] = ggscale * r;        /* b1 */
+        k[2] = ggoffset;           /* c1 */
+        k[3] = ggscale * r;        /* a2 */
+        k[4] = k[5] = k[6] = 0.0;  /* b2, c2, e2 */
+        return;
+    }
+    if (n <= 0) {
+        *scale_bp = 0.0;
+        for (int j = 0; j < 7; j++) k[j] = 0.0;
+        return;
+    }
+    double A = s[0] / dn, B = s[1] * r / dn, Aq = s[2] / dn, Cq = s[3] * r / dn, D = s[4] / dn;
+    double gr = gamma * r, grr = gr * r;
+    *scale_bp = dn * r * (D - Aq * A - Cq * B);
+    k[0] = gr;
+    k[1] = ggscale * r - grr * Cq;
+    k[2] = ggoffset - gr * Aq;
+    k[3] = ggscale * r - grr * Cq;
+    k[4] = -grr * B;
+    k[5] = grr * r * (Aq * A + 3.0 * B * Cq - D) - ggscale * r * r * B;
+    k[6] = grr * (Cq * A + B * Aq) - ggscale * r * A;
+    if (n == 1) {
+        k[0] = 0.0;
+        k[2] = ggoffset;
+        k[3] = 0.0;
+        k[4] = 0.0;
+        k[6] = 0.0;
+    }
+}
+
 /* ---- fused activation and side input ----
  *
  * The activations, switching on enum cfbn_activation, which must be declared

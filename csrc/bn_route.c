@@ -611,3 +611,71 @@ void cfbn_route_gapply_f64(const cfbn_kernels *k, const void *dy, const void *x,
         else o->gapply_rows(dy, x, dx, rows, w, p);
     }
 }
+
+/* ---- second-order gradient ----
+ * One entry call per run; a table without the entry runs the scalar
+ * table's.  Sums of several runs are added in run order. */
+
+static const cfbn_float_kernels *gg_float_table(const cfbn_kernels *k, int dtype, int stats, int is_run)
+{
+    const cfbn_float_kernels *o = cfbn_route_float_table(k, dtype);
+    int have = stats ? (is_run ? o->ggstats_run != NULL : o->ggstats_rows != NULL)
+                     : (is_run ? o->ggapply_run != NULL : o->ggapply_rows != NULL);
+    return have ? o : cfbn_route_float_table(&cfbn_kernels_scalar, dtype);
+}
+
+static const cfbn_double_kernels *gg_double_table(const cfbn_kernels *k, int stats, int is_run)
+{
+    const cfbn_double_kernels *o = &k->f64;
+    int have = stats ? (is_run ? o->ggstats_run != NULL : o->ggstats_rows != NULL)
+                     : (is_run ? o->ggapply_run != NULL : o->ggapply_rows != NULL);
+    return have ? o : &cfbn_kernels_scalar.f64;
+}
+
+void cfbn_route_ggstats(const cfbn_kernels *k, int dtype, const void *dy, const void *x, const void *ggx,
+                        int64_t rows, int64_t w, int is_run, int64_t runs, int64_t stride, const void *p,
+                        double *acc)
+{
+    size_t es = cfbn_storage_size(dtype);
+    if (!is_run) {
+        if (dtype == CFBN_F64) gg_double_table(k, 1, 0)->ggstats_rows(dy, x, ggx, rows, w, p, acc);
+        else gg_float_table(k, dtype, 1, 0)->ggstats_rows(dy, x, ggx, rows, w, p, acc);
+        return;
+    }
+    double sum[5] = { 0.0, 0.0, 0.0, 0.0, 0.0 }, part[5];
+    if (runs < 1) runs = 1;
+    for (int64_t r = 0; r < runs; r++) {
+        const void *a = at(dy, r * stride, es), *b = at(x, r * stride, es), *q = at(ggx, r * stride, es);
+        if (runs > 1) {
+            prefetch_run_inputs(a, b, rows * (int64_t)es);
+            prefetch_next_run(q, rows * (int64_t)es);
+        }
+        if (dtype == CFBN_F64) gg_double_table(k, 1, 1)->ggstats_run(a, b, q, rows, p, part);
+        else gg_float_table(k, dtype, 1, 1)->ggstats_run(a, b, q, rows, p, part);
+        for (int j = 0; j < 5; j++) sum[j] += part[j];
+    }
+    for (int j = 0; j < 5; j++) acc[j] = sum[j];
+}
+
+void cfbn_route_ggapply(const cfbn_kernels *k, int dtype, const void *dy, const void *x, const void *ggx,
+                        void *ddy, void *dx, int64_t rows, int64_t w, int is_run, int64_t runs, int64_t stride,
+                        const void *p)
+{
+    size_t es = cfbn_storage_size(dtype);
+    if (!is_run) {
+        if (dtype == CFBN_F64) gg_double_table(k, 0, 0)->ggapply_rows(dy, x, ggx, ddy, dx, rows, w, p);
+        else gg_float_table(k, dtype, 0, 0)->ggapply_rows(dy, x, ggx, ddy, dx, rows, w, p);
+        return;
+    }
+    if (runs < 1) runs = 1;
+    for (int64_t r = 0; r < runs; r++) {
+        const void *a = at(dy, r * stride, es), *b = at(x, r * stride, es), *q = at(ggx, r * stride, es);
+        void *oy = at_w(ddy, r * stride, es), *ox = at_w(dx, r * stride, es);
+        if (runs > 1) {
+            prefetch_run_inputs(a, b, rows * (int64_t)es);
+            prefetch_next_run(q, rows * (int64_t)es);
+        }
+        if (dtype == CFBN_F64) gg_double_table(k, 0, 1)->ggapply_run(a, b, q, oy, ox, rows, p);
+        else gg_float_table(k, dtype, 0, 1)->ggapply_run(a, b, q, oy, ox, rows, p);
+    }
+}

@@ -38,6 +38,17 @@ void cfbn_route_gstats_f64(const cfbn_kernels *k, const void *dy, const void *x,
 void cfbn_route_gapply_f64(const cfbn_kernels *k, const void *dy, const void *x, void *dx, int64_t rows,
                            int64_t w, int is_run, const cfbn_grad_f64 *p);
 
+/* Second-order gradient (cfbn_gg_f32 or, for CFBN_F64, cfbn_gg_f64 at p):
+ * one run (rows == n elements, w unused) or rows of w; a run call covers
+ * `runs` runs `stride` elements apart, as the runs field of the other
+ * parameter structs.  Run sums: acc[0..5), rows sums: acc[k * w + j]. */
+void cfbn_route_ggstats(const cfbn_kernels *k, int dtype, const void *dy, const void *x, const void *ggx,
+                        int64_t rows, int64_t w, int is_run, int64_t runs, int64_t stride, const void *p,
+                        double *acc);
+void cfbn_route_ggapply(const cfbn_kernels *k, int dtype, const void *dy, const void *x, const void *ggx,
+                        void *ddy, void *dx, int64_t rows, int64_t w, int is_run, int64_t runs, int64_t stride,
+                        const void *p);
+
 /* ---- pass policy ---- */
 
 /* Whether a pass touching `bytes` in all its tensors writes its output with

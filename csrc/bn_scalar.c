@@ -191,9 +191,71 @@ static inline void fgapply_rows_s(const void *dy, const void *x, void *dx, int64
     gapply_fused_s(dy, x, dx, rows, w, 0, p, dt);
 }
 
+/* Second-order gradient (cfbn.h's cfbn_gg_f32): five sums, then ddy and dx.
+ * ddy and dx may be the arrays dy or x came in: each element's inputs are
+ * read before its outputs are written. */
+static inline void ggstats_s(const void *dy, const void *x, const void *ggx, int64_t rows, int64_t w, int is_run,
+                             const cfbn_gg_f32 *p, double *acc, int dt)
+{
+    int64_t na = is_run ? 1 : w;
+    for (int64_t j = 0; j < 5 * na; j++) acc[j] = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t j = 0; j < w; j++) {
+            int64_t c = is_run ? 0 : j, i = r * w + j;
+            double g = ld(dy, i, dt), q = ld(ggx, i, dt);
+            double d = (ld(x, i, dt) - p->mhi[c]) - p->mlo[c];
+            acc[c] += g;
+            acc[na + c] += g * d;
+            acc[2 * na + c] += q;
+            acc[3 * na + c] += q * d;
+            acc[4 * na + c] += q * g;
+        }
+    }
+}
+
+static inline void ggapply_s(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t rows,
+                             int64_t w, int is_run, const cfbn_gg_f32 *p, int dt)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t j = 0; j < w; j++) {
+            int64_t c = is_run ? 0 : j, i = r * w + j;
+            float g = ld(dy, i, dt), q = ld(ggx, i, dt);
+            float d = (ld(x, i, dt) - p->mhi[c]) - p->mlo[c];
+            float vy = q * p->a1[c] + (d * p->b1[c] + p->c1[c]);
+            float vx = g * p->a2[c] + (q * p->b2[c] + (d * p->c2[c] + p->e2[c]));
+            st(ddy, i, vy, dt);
+            st(dx, i, vx, dt);
+        }
+    }
+}
+
+static inline void ggstats_run_s(const void *dy, const void *x, const void *ggx, int64_t n, const cfbn_gg_f32 *p,
+                                 double *acc, int dt)
+{
+    ggstats_s(dy, x, ggx, 1, n, 1, p, acc, dt);
+}
+static inline void ggstats_rows_s(const void *dy, const void *x, const void *ggx, int64_t rows, int64_t w,
+                                  const cfbn_gg_f32 *p, double *acc, int dt)
+{
+    ggstats_s(dy, x, ggx, rows, w, 0, p, acc, dt);
+}
+static inline void ggapply_run_s(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t n,
+                                 const cfbn_gg_f32 *p, int dt)
+{
+    ggapply_s(dy, x, ggx, ddy, dx, 1, n, 1, p, dt);
+}
+static inline void ggapply_rows_s(const void *dy, const void *x, const void *ggx, void *ddy, void *dx,
+                                  int64_t rows, int64_t w, const cfbn_gg_f32 *p, int dt)
+{
+    ggapply_s(dy, x, ggx, ddy, dx, rows, w, 0, p, dt);
+}
+
 CFBN_FLOAT_ENTRIES(f32, CFBN_F32, s)
 CFBN_FLOAT_ENTRIES(f16, CFBN_F16, s)
 CFBN_FLOAT_ENTRIES(bf16, CFBN_BF16, s)
+CFBN_GG_ENTRIES(f32, CFBN_F32, s)
+CFBN_GG_ENTRIES(f16, CFBN_F16, s)
+CFBN_GG_ENTRIES(bf16, CFBN_BF16, s)
 
 /* ---- float64 ---- */
 
@@ -349,16 +411,72 @@ static void gapply_rows_fused_f64(const void *dy, const void *x, void *dx, int64
     gapply_fused_d(dy, x, dx, rows, w, 0, p);
 }
 
+static inline void ggstats_d(const double *dy, const double *x, const double *ggx, int64_t rows, int64_t w,
+                             int is_run, const cfbn_gg_f64 *p, double *acc)
+{
+    int64_t na = is_run ? 1 : w;
+    for (int64_t j = 0; j < 5 * na; j++) acc[j] = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t j = 0; j < w; j++) {
+            int64_t c = is_run ? 0 : j, i = r * w + j;
+            double g = dy[i], q = ggx[i], d = (x[i] - p->mhi[c]) - p->mlo[c];
+            acc[c] += g;
+            acc[na + c] += g * d;
+            acc[2 * na + c] += q;
+            acc[3 * na + c] += q * d;
+            acc[4 * na + c] += q * g;
+        }
+    }
+}
+
+static inline void ggapply_d(const double *dy, const double *x, const double *ggx, double *ddy, double *dx,
+                             int64_t rows, int64_t w, int is_run, const cfbn_gg_f64 *p)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t j = 0; j < w; j++) {
+            int64_t c = is_run ? 0 : j, i = r * w + j;
+            double g = dy[i], q = ggx[i], d = (x[i] - p->mhi[c]) - p->mlo[c];
+            double vy = q * p->a1[c] + (d * p->b1[c] + p->c1[c]);
+            double vx = g * p->a2[c] + (q * p->b2[c] + (d * p->c2[c] + p->e2[c]));
+            ddy[i] = vy;
+            dx[i] = vx;
+        }
+    }
+}
+
+static void ggstats_run_f64(const void *dy, const void *x, const void *ggx, int64_t n, const cfbn_gg_f64 *p,
+                            double *acc)
+{
+    ggstats_d(dy, x, ggx, 1, n, 1, p, acc);
+}
+static void ggstats_rows_f64(const void *dy, const void *x, const void *ggx, int64_t rows, int64_t w,
+                             const cfbn_gg_f64 *p, double *acc)
+{
+    ggstats_d(dy, x, ggx, rows, w, 0, p, acc);
+}
+static void ggapply_run_f64(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t n,
+                            const cfbn_gg_f64 *p)
+{
+    ggapply_d(dy, x, ggx, ddy, dx, 1, n, 1, p);
+}
+static void ggapply_rows_f64(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t rows,
+                             int64_t w, const cfbn_gg_f64 *p)
+{
+    ggapply_d(dy, x, ggx, ddy, dx, rows, w, 0, p);
+}
+
 const cfbn_kernels cfbn_kernels_scalar = {
     .name = "scalar",
-    .f32 = { CFBN_FLOAT_TABLE(f32) },
+    .f32 = { CFBN_FLOAT_TABLE(f32), CFBN_GG_TABLE(f32) },
     .f64 = {
         stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
         gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
         .apply_run_fused = apply_run_fused_f64, .apply_rows_fused = apply_rows_fused_f64,
         .gstats_run_fused = gstats_run_fused_f64, .gstats_rows_fused = gstats_rows_fused_f64,
         .gapply_run_fused = gapply_run_fused_f64, .gapply_rows_fused = gapply_rows_fused_f64,
+        .ggstats_run = ggstats_run_f64, .ggstats_rows = ggstats_rows_f64,
+        .ggapply_run = ggapply_run_f64, .ggapply_rows = ggapply_rows_f64,
     },
-    .f16 = { CFBN_FLOAT_TABLE(f16) },
-    .bf16 = { CFBN_FLOAT_TABLE(bf16) },
+    .f16 = { CFBN_FLOAT_TABLE(f16), CFBN_GG_TABLE(f16) },
+    .bf16 = { CFBN_FLOAT_TABLE(bf16), CFBN_GG_TABLE(bf16) },
 };

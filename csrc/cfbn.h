@@ -114,6 +114,22 @@ typedef struct {
     int64_t runs, stride;   /* run kernels: see below */
 } cfbn_grad_f64;
 
+/* Parameters of the second-order gradient passes, with g = dy, q = ggx (the
+ * upstream gradient of dx) and d = (x - mhi) - mlo:
+ *   ggstats: sum(g), sum(g * d), sum(q), sum(q * d), sum(q * g)
+ *   ggapply: ddy = q * a1 + (d * b1 + c1)
+ *            dx  = g * a2 + (q * b2 + (d * c2 + e2))
+ * stream: a hint, as in the apply structs, that the outputs may be written
+ * with non-temporal stores. */
+typedef struct {
+    const float *mhi, *mlo, *a1, *b1, *c1, *a2, *b2, *c2, *e2;
+    int stream;
+} cfbn_gg_f32;
+typedef struct {
+    const double *mhi, *mlo, *a1, *b1, *c1, *a2, *b2, *c2, *e2;
+    int stream;
+} cfbn_gg_f64;
+
 /* One dtype's kernels, in one ISA.  Tensors are `const void *` in the
  * storage type (float, binary16 or double); float-compute sub-tables
  * (cfbn_float_kernels: float32 and float16 storage) take float parameters,
@@ -138,6 +154,11 @@ typedef struct {
  *   *_fused     one run or rows with the activation and side input of the
  *               parameter structs, in one pass (the fallback is two passes
  *               over L1-sized blocks)
+ *   gg*         the second-order gradient (cfbn_gg_*): ggstats_run writes
+ *               its five sums to acc[0..5), ggstats_rows sum k of column j
+ *               to acc[k * w + j]; ggapply writes ddy and dx.  One run per
+ *               call.  The scalar table has all four; a NULL entry in
+ *               another table runs the scalar table's.
  * Differences x - mhi - mlo are formed in the compute type (float for f32,
  * f16 and bf16, double for f64); products for sums are formed and summed in
  * double.
@@ -168,6 +189,23 @@ typedef void (*cfbn_gapply_run_f64_fn)(const void *dy, const void *x, void *dx, 
 typedef void (*cfbn_gapply_rows_f64_fn)(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
                                         const cfbn_grad_f64 *p);
 
+typedef void (*cfbn_ggstats_run_f32_fn)(const void *dy, const void *x, const void *ggx, int64_t n,
+                                        const cfbn_gg_f32 *p, double *acc);
+typedef void (*cfbn_ggstats_rows_f32_fn)(const void *dy, const void *x, const void *ggx, int64_t rows, int64_t w,
+                                         const cfbn_gg_f32 *p, double *acc);
+typedef void (*cfbn_ggapply_run_f32_fn)(const void *dy, const void *x, const void *ggx, void *ddy, void *dx,
+                                        int64_t n, const cfbn_gg_f32 *p);
+typedef void (*cfbn_ggapply_rows_f32_fn)(const void *dy, const void *x, const void *ggx, void *ddy, void *dx,
+                                         int64_t rows, int64_t w, const cfbn_gg_f32 *p);
+typedef void (*cfbn_ggstats_run_f64_fn)(const void *dy, const void *x, const void *ggx, int64_t n,
+                                        const cfbn_gg_f64 *p, double *acc);
+typedef void (*cfbn_ggstats_rows_f64_fn)(const void *dy, const void *x, const void *ggx, int64_t rows, int64_t w,
+                                         const cfbn_gg_f64 *p, double *acc);
+typedef void (*cfbn_ggapply_run_f64_fn)(const void *dy, const void *x, const void *ggx, void *ddy, void *dx,
+                                        int64_t n, const cfbn_gg_f64 *p);
+typedef void (*cfbn_ggapply_rows_f64_fn)(const void *dy, const void *x, const void *ggx, void *ddy, void *dx,
+                                         int64_t rows, int64_t w, const cfbn_gg_f64 *p);
+
 typedef struct {
     /* required */
     cfbn_stats_run_fn stats_run;
@@ -192,6 +230,10 @@ typedef struct {
     cfbn_gstats_rows_f32_fn gstats_rows_fused;
     cfbn_gapply_run_f32_fn gapply_run_fused;
     cfbn_gapply_rows_f32_fn gapply_rows_fused;
+    cfbn_ggstats_run_f32_fn ggstats_run;
+    cfbn_ggstats_rows_f32_fn ggstats_rows;
+    cfbn_ggapply_run_f32_fn ggapply_run;
+    cfbn_ggapply_rows_f32_fn ggapply_rows;
 } cfbn_float_kernels;
 
 typedef struct {
@@ -218,6 +260,10 @@ typedef struct {
     cfbn_gstats_rows_f64_fn gstats_rows_fused;
     cfbn_gapply_run_f64_fn gapply_run_fused;
     cfbn_gapply_rows_f64_fn gapply_rows_fused;
+    cfbn_ggstats_run_f64_fn ggstats_run;
+    cfbn_ggstats_rows_f64_fn ggstats_rows;
+    cfbn_ggapply_run_f64_fn ggapply_run;
+    cfbn_ggapply_rows_f64_fn ggapply_rows;
 } cfbn_double_kernels;
 
 /* One ISA's table: a sub-table per dtype (enum cfbn_dtype).  A storage type
@@ -300,6 +346,18 @@ int cfbn_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
                   const void *dy, const void *x, const void *scale,
                   const void *saved_mean, const void *saved_variance, double epsilon,
                   void *dx, void *scale_backprop, void *offset_backprop, const cfbn_fusion *fusion);
+
+/* The second-order gradient (SPEC.md): the derivatives of
+ * sum(ggx * dx) + sum(ggscale * scale_backprop) + sum(ggoffset * offset_backprop)
+ * of cfbn_backward's outputs with respect to dy, x and scale.  ggx, ggscale
+ * and ggoffset may be NULL (zeros); saved_mean and saved_variance are the
+ * gradient's.  Outputs must not overlap inputs.  In inference dx =
+ * ggscale * r * dy, computed from dy alone. */
+int cfbn_backward_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
+                           const void *dy, const void *x, const void *scale,
+                           const void *saved_mean, const void *saved_variance, double epsilon,
+                           const void *ggx, const void *ggscale, const void *ggoffset,
+                           void *ddy, void *dx, void *scale_backprop);
 
 /* Split passes, one pass over the tensor each, for statistics that are
  * merged across micro-batches or processes.  Per-channel statistics and sums
