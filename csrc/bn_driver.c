@@ -846,8 +846,8 @@ int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
     double *sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
     int rc = -1;
     if (!shift || !sums) goto done;
-    pass st = { k, &p, &pp, PASS_STATS, x, NULL, NULL, NULL, NULL };
-    pass ap = { k, &p, &pp, PASS_APPLY, x, NULL, y, fusion ? fusion->side : NULL, NULL };
+    pass st = { k, &p, &pp, PASS_STATS, x, NULL, NULL, NULL, NULL, NULL, NULL };
+    pass ap = { k, &p, &pp, PASS_APPLY, x, NULL, y, fusion ? fusion->side : NULL, NULL, NULL, NULL };
 
     if (per_channel(&p, 1, fusion && fusion->side)) {
         /* One task per channel: its statistics, then its normalization while
@@ -885,7 +885,7 @@ static int apply_with_stats(const cfbn_kernels *k, const cfbn_shape *s, const vo
                          vec_get(scale, s->dtype, c), vec_get(offset, s->dtype, c), epsilon);
     }
     if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, P_APPLY_COUNT, p.C);
-    pass ap = { k, &p, &pp, PASS_APPLY, x, NULL, y, fusion ? fusion->side : NULL, NULL };
+    pass ap = { k, &p, &pp, PASS_APPLY, x, NULL, y, fusion ? fusion->side : NULL, NULL, NULL, NULL };
     int rc = run_pass(&ap, NULL, thread_count(s), NULL);
     params_free(&pp);
     return rc;
@@ -924,7 +924,7 @@ int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x, d
     double *sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
     int rc = -1;
     if (shift && sums) {
-        pass st = { k, &p, &pp, PASS_STATS, x, NULL, NULL, NULL, NULL };
+        pass st = { k, &p, &pp, PASS_STATS, x, NULL, NULL, NULL, NULL, NULL, NULL };
         rc = run_pass(&st, shift, thread_count(s), sums);
         for (int64_t c = 0; rc == 0 && c < p.C; c++)
             cfbn_mean_m2(shift[c], sums[2 * c], sums[2 * c + 1], p.n, &mean[c], &m2[c]);
@@ -1040,8 +1040,8 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
     }
 
     const void *side = fusion ? fusion->side : NULL;
-    pass gs = { k, &p, &pp, PASS_GSTATS, dy, x, NULL, side, NULL };
-    pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx, side, fusion ? fusion->side_grad : NULL };
+    pass gs = { k, &p, &pp, PASS_GSTATS, dy, x, NULL, side, NULL, NULL, NULL };
+    pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx, side, fusion ? fusion->side_grad : NULL, NULL, NULL };
     if (dx && a->training && per_channel(&p, 2, fusion && fusion->side)) {
         /* One task per channel: sums, then dx while dy and x are in cache. */
         fused_bwd ctx = { &gs, &ga, a, &pp };
@@ -1068,7 +1068,7 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
             params_set(&ip, P_BETA, c, 0.0);
         }
         if (s->layout == CFBN_CHANNELS_LAST) tile_params(&ip, P_APPLY_COUNT, p.C);
-        pass ap = { k, &p, &ip, PASS_APPLY, dy, NULL, dx, NULL, NULL };
+        pass ap = { k, &p, &ip, PASS_APPLY, dy, NULL, dx, NULL, NULL, NULL, NULL };
         rc = run_pass(&ap, NULL, nt, NULL);
     }
 done:
@@ -1111,7 +1111,7 @@ int cfbn_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, 
         set_grad_params(&pp, c, 1, (int64_t)count, vec_get(scale, s->dtype, c), r, sum_dy[c], sum_dy_xhat[c]);
     }
     if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, G_COUNT, p.C);
-    pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx, NULL, NULL };
+    pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx, NULL, NULL, NULL, NULL };
     int rc = run_pass(&ga, NULL, thread_count(s), NULL);
     params_free(&pp);
     return rc;
