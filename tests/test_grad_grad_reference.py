@@ -17,6 +17,7 @@ import pytest
 
 from cfbn import reference
 
+import _gg_checks
 from _checks import LAYOUTS, SHAPES, Unmodified, make_shape, random_vectors, random_x, seed_of
 
 EPSILON = 1e-3
@@ -160,26 +161,7 @@ def test_y_backprop_backprop_is_the_forward_derivative(data_format, is_training)
 
 
 def torch_grad_grad(args, data_format, is_training):
-    """The same derivatives by autograd through ``aten.native_batch_norm``, channels first."""
-    torch = pytest.importorskip("torch")
-    dy, x, scale, mean, variance, ggx, ggs, ggo = args
-    axis = reference.channel_axis(data_format, x.ndim)
-
-    def tensor(a, grad=False):
-        a = np.ascontiguousarray(np.moveaxis(a, axis, 1) if a.ndim > 1 else a)
-        return torch.tensor(a, dtype=torch.float64, requires_grad=grad)
-
-    dy_t, x_t, scale_t = tensor(dy, True), tensor(x, True), tensor(scale, True)
-    offset_t = torch.zeros_like(scale_t, requires_grad=True)
-    stats = (None, None) if is_training else (tensor(mean), tensor(variance))
-    y = torch.ops.aten.native_batch_norm(x_t, scale_t, offset_t, *stats, is_training, 0.0,
-                                         EPSILON)[0]
-    first = torch.autograd.grad(y, (x_t, scale_t, offset_t), dy_t, create_graph=True)
-    loss = sum((tensor(w) * d).sum() for w, d in zip((ggx, ggs, ggo), first) if w is not None)
-    wrt = (dy_t, x_t, scale_t)
-    second = torch.autograd.grad(loss, wrt, allow_unused=True, materialize_grads=True)
-    return [np.moveaxis(s.detach().numpy(), 1, axis) if s.ndim > 1 else s.detach().numpy()
-            for s in second]
+    return _gg_checks.torch_grad_grad(args, data_format, is_training, EPSILON)
 
 
 @pytest.mark.parametrize("given", UPSTREAM, ids=upstream_id)
