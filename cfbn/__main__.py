@@ -2,9 +2,11 @@
 
 Prints runtime_info(), checks the selected kernels against cfbn.reference on
 random data (exit status 1 if any check fails), then times three shapes for
-the forward pass (training and inference) and the gradient beside the NumPy
+the forward pass (training and inference), the gradient and the gradient of
+the gradient beside the NumPy
 reference, as time per call and effective bandwidth (minimal bytes moved:
-2x the size of x for a forward pass, 3x for a gradient).
+2x the size of x for a forward pass, 3x for a gradient, 5x for the
+second-order gradient).
 """
 import importlib.util
 import sys
@@ -69,12 +71,19 @@ def self_check(rng, tols):
                 dy = rng.standard_normal(shape).astype(dtype)
                 ggot = cfbn.fused_batch_norm_grad(dy, x, scale, got[3], got[4], **kw)
                 gwant = reference.fused_batch_norm_grad(dy, x, scale, got[3], got[4], **kw)
+                ggx = rng.standard_normal(shape).astype(dtype)
+                up = (ggx, scale, offset)
+                g2got = cfbn.fused_batch_norm_grad_grad(dy, x, scale, got[3], got[4], *up, **kw)
+                g2want = reference.fused_batch_norm_grad_grad(dy, x, scale, got[3], got[4], *up,
+                                                              **kw)
                 # sums over the batch are compared relative to the summands' size
                 n = x.size // scale.size
                 for name, g, w, t in (
                         [(f, g, w, tol) for f, g, w in zip(got._fields, got, want)]
                         + [(f, g, w, tol * max(1.0, np.sqrt(n))) for f, g, w in
-                           zip(ggot._fields, ggot, gwant)]):
+                           zip(ggot._fields, ggot, gwant)]
+                        + [("grad_grad " + f, g, w, tol * max(1.0, np.sqrt(n))) for f, g, w in
+                           zip(g2got._fields, g2got, g2want)]):
                     ok, worst = _close(g, w, t)
                     if not ok:
                         failures.append("%s %s %s training=%s %s: %.3g x tolerance"
@@ -111,6 +120,9 @@ def speed_table(rng):
             ("gradient", 3 * nbytes,
              lambda: cfbn.fused_batch_norm_grad(dy, x, scale, fwd[3], fwd[4]),
              lambda: reference.fused_batch_norm_grad(dy, x, scale, fwd[3], fwd[4])),
+            ("grad of grad", 5 * nbytes,
+             lambda: cfbn.fused_batch_norm_grad_grad(dy, x, scale, fwd[3], fwd[4], x, scale),
+             lambda: reference.fused_batch_norm_grad_grad(dy, x, scale, fwd[3], fwd[4], x, scale)),
         ]
         for name, moved, ours, ref in ops:
             t = _time(ours)
@@ -133,7 +145,8 @@ def main():
         for f in failures:
             print("  " + f)
         return 1
-    print("\nself-check passed: %d shapes over 5 layouts x %s, forward and gradient, against "
+    print("\nself-check passed: %d shapes over 5 layouts x %s, forward, gradient and "
+          "second-order gradient, against "
           "cfbn.reference (float64)" % (len(CHECK_CASES), "/".join(d.name for d in tols)))
     print("\nfloat32 NHWC, %s kernels, %d threads; median of repeated calls, outputs allocated "
           "by each call\n"

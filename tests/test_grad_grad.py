@@ -243,3 +243,27 @@ def test_bfloat16_outputs_are_bfloat16():
     res = call(a, "NCHW", True)
     assert res.y_backprop_backprop.dtype == BFLOAT16 and res.x_backprop.dtype == BFLOAT16
     assert res.scale_backprop.dtype == np.float32
+
+
+def test_gradient_penalty_matches_finite_differences():
+    # README's example: d/d scale of 10 * (|d score / d x| - 1)^2, where the
+    # critic's score is sum(w * y), against central differences of the
+    # penalty computed with the float64 reference
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 3, 3, 5))
+    scale, offset = rng.uniform(0.5, 1.5, 5), np.zeros(5)
+    w = rng.standard_normal(x.shape)
+
+    def penalty(s):
+        f = reference.fused_batch_norm(x, s, offset)
+        g = reference.fused_batch_norm_grad(w, x, s, f.reserve_space_1, f.reserve_space_2)
+        return 10.0 * (np.sqrt(np.sum(g.x_backprop ** 2)) - 1.0) ** 2
+
+    f = cfbn.fused_batch_norm(x, scale, offset)
+    g = cfbn.fused_batch_norm_grad(w, x, scale, f.reserve_space_1, f.reserve_space_2)
+    norm = np.sqrt(np.sum(g.x_backprop ** 2))
+    ggx = 20.0 * (norm - 1.0) / norm * g.x_backprop
+    gg = cfbn.fused_batch_norm_grad_grad(w, x, scale, f.reserve_space_1, f.reserve_space_2, ggx)
+    h = 1e-6
+    fd = [(penalty(scale + h * e) - penalty(scale - h * e)) / (2 * h) for e in np.eye(5)]
+    np.testing.assert_allclose(gg.scale_backprop, fd, rtol=1e-6, atol=1e-6)
