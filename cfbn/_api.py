@@ -256,6 +256,21 @@ def fused_batch_norm_grad_grad(y_backprop, x, scale, reserve_space_1, reserve_sp
     `n_threads`.  No activation or side input is taken.  CuPy arrays run on
     their GPU and give CuPy arrays.
     """
+    result = _kernels.fast_grad_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2,
+                                     grad_x_backprop, grad_scale_backprop, grad_offset_backprop,
+                                     epsilon, data_format, is_training, n_threads, out)
+    if result is not None:
+        return result
+    return _grad_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2, grad_x_backprop,
+                      grad_scale_backprop, grad_offset_backprop, epsilon, data_format,
+                      is_training, n_threads, out)
+
+
+def _grad_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2, grad_x_backprop,
+               grad_scale_backprop, grad_offset_backprop, epsilon, data_format, is_training,
+               n_threads, out):
+    """fused_batch_norm_grad_grad through the validator: every call the
+    fast path does not take, and every error."""
     if type(x) is not np.ndarray and _args.is_cupy(x):
         from . import _gpu
         return _gpu.grad_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2,

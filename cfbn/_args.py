@@ -454,7 +454,8 @@ def in_place_masks(fields, inputs, in_place):
 # them: what they accept is what the rules above accept.  Their argument
 # orders are those of fused_batch_norm and fused_batch_norm_grad.
 _kernels.set_fast_path_rules(
-    BatchNormOutput, BatchNormGrad, BatchNormGradSide, LAYOUTS, CHANNELS_FIRST, ACTIVATIONS,
+    BatchNormOutput, BatchNormGrad, BatchNormGradSide, BatchNormGradGrad, LAYOUTS, CHANNELS_FIRST,
+    ACTIVATIONS,
     in_place_masks(BatchNormOutput._fields,
                    ("x", "scale", "offset", "mean", "variance", "side_input"), FORWARD_IN_PLACE),
     in_place_masks(BatchNormGradSide._fields,

@@ -520,13 +520,15 @@ cdef tuple _GRAD_IN_PLACE = ()
 cdef dict _ACTIVATIONS = {}
 cdef object _grad_side_result = None
 cdef tuple _GRAD_SIDE_FIELDS = ()
+cdef object _grad_grad_result = None
 
 
-def set_fast_path_rules(forward, grad, grad_side, layouts, channels_first, activations,
+def set_fast_path_rules(forward, grad, grad_side, grad_grad, layouts, channels_first, activations,
                         forward_in_place, grad_in_place):
     """The tables the fast paths recognize the plain call by, set once by
     cfbn._args: the result named tuples (their fields name the out= entries;
-    grad_side is the gradient's with side_input_backprop), data_format ->
+    grad_side is the gradient's with side_input_backprop, grad_grad the
+    second-order gradient's), data_format ->
     (rank, channels first?), the layout code of channels first, activation
     name -> (code, default alpha or None), and per output field a bit mask
     of the inputs it may be exactly (forward inputs: x, scale, offset, mean,
@@ -534,7 +536,8 @@ def set_fast_path_rules(forward, grad, grad_side, layouts, channels_first, activ
     reserve_space_2, offset, side_input).  Until then they accept nothing."""
     global _forward_result, _grad_result, _FORWARD_FIELDS, _GRAD_FIELDS
     global _FORWARD_IN_PLACE, _GRAD_IN_PLACE, _LAYOUT_CODES, _ACTIVATIONS
-    global _grad_side_result, _GRAD_SIDE_FIELDS
+    global _grad_side_result, _GRAD_SIDE_FIELDS, _grad_grad_result
+    _grad_grad_result = grad_grad
     _LAYOUT_CODES = {name: (rank, channels_first if first else 0)
                      for name, (rank, first) in layouts.items()}
     _ACTIVATIONS = {name: entry for name, entry in activations.items() if name is not None}
@@ -889,3 +892,47 @@ def fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilo
     if with_side:
         return _grad_side_result(dx, dscale, doffset, side_grad)
     return _grad_result(dx, dscale, doffset)
+
+
+def fast_grad_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2, grad_x_backprop,
+                   grad_scale_backprop, grad_offset_backprop, epsilon, data_format, is_training,
+                   n_threads, out):
+    """fused_batch_norm_grad_grad for the plain call without out=, or None
+    for any other call."""
+    if _grad_grad_result is None or out is not None:
+        return None
+    cdef int dt = _kind(x)
+    if dt < 0 or _kind(y_backprop) != dt or type(epsilon) is not float:
+        return None
+    if is_training is not True and is_training is not False:
+        return None
+    cdef double eps = epsilon
+    if not (0.0 <= eps < float("inf")):
+        return None
+    cdef int nt = _plain_threads(n_threads)
+    if nt < 0:
+        return None
+    cdef cnp.ndarray xa = <cnp.ndarray>x
+    if not cnp.PyArray_SAMESHAPE(xa, <cnp.ndarray>y_backprop):
+        return None
+    if grad_x_backprop is not None and (_kind(grad_x_backprop) != dt or not cnp.PyArray_SAMESHAPE(
+            xa, <cnp.ndarray>grad_x_backprop)):
+        return None
+    cdef int layout
+    cdef int64_t outer, channels, inner
+    if _geometry(xa, data_format, &layout, &outer, &channels, &inner) < 0:
+        return None
+    cdef int vtype = cnp.NPY_DOUBLE if dt == 1 else cnp.NPY_FLOAT
+    for v in (scale, reserve_space_1, reserve_space_2):
+        if not _plain_vector(v, vtype, channels):
+            return None
+    for v in (grad_scale_backprop, grad_offset_backprop):
+        if v is not None and not _plain_vector(v, vtype, channels):
+            return None
+    ddy = _empty_output(xa)
+    dx = _empty_output(xa)
+    dscale = _empty_like_vec(channels, vtype)
+    backward_backward(dt, layout, outer, channels, inner, nt, is_training, y_backprop, x, scale,
+                      reserve_space_1, reserve_space_2, eps, grad_x_backprop,
+                      grad_scale_backprop, grad_offset_backprop, ddy, dx, dscale)
+    return _grad_grad_result(ddy, dx, dscale)

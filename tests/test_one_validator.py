@@ -356,3 +356,89 @@ def test_bfloat16_fast_path_starts_once_seen():
             "print(before is None, after is not None and after.y.dtype == x.dtype)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr
+
+
+def _gg_call(**kw):
+    x = _x()
+    fwd = cfbn.fused_batch_norm(x, _v(), _v(fill=0.0), epsilon=1e-3)
+    args = dict(y_backprop=_x() * 0.5, x=x, scale=_v(), reserve_space_1=fwd[3],
+                reserve_space_2=fwd[4], grad_x_backprop=_x() * 0.25, grad_scale_backprop=_v(),
+                grad_offset_backprop=_v(fill=0.5), epsilon=1e-3, data_format="NHWC",
+                is_training=True, n_threads=None, out=None)
+    args.update(kw)
+    return args
+
+
+_GG_ORDER = ("y_backprop", "x", "scale", "reserve_space_1", "reserve_space_2", "grad_x_backprop",
+             "grad_scale_backprop", "grad_offset_backprop", "epsilon", "data_format",
+             "is_training", "n_threads", "out")
+
+BAD_GRAD_GRAD = {
+    "dy dtype": dict(y_backprop=_x(np.float64)),
+    "ggx dtype": dict(grad_x_backprop=_x(np.float64)),
+    "ggx shape": dict(grad_x_backprop=_x(shape=(2, 3, 4, C))),
+    "ggx bfloat16 for float32": dict(grad_x_backprop=_x(BFLOAT16)),
+    "ggx list of str": dict(grad_x_backprop=["a"]),
+    "grad_scale_backprop length": dict(grad_scale_backprop=_v(C + 1)),
+    "grad_offset_backprop dtype": dict(grad_offset_backprop=_v(dtype=np.float64)),
+    "reserve_space_2 length": dict(reserve_space_2=_v(1)),
+    "epsilon negative": dict(epsilon=-1.0),
+    "is_training 1": dict(is_training=1),
+    "data_format rank": dict(data_format="NC"),
+    "n_threads 0": dict(n_threads=0),
+    "out tuple length": dict(out=(None,)),
+    "out dx dtype": dict(out={"x_backprop": np.empty((2, 3, 3, C), np.float64)}),
+    "out scale_backprop length": dict(out={"scale_backprop": _v(C + 1)}),
+    "out unknown key": dict(out={"offset_backprop": None}),
+}
+
+
+def _public_gg(a):
+    return cfbn.fused_batch_norm_grad_grad(*(a[k] for k in _GG_ORDER[:8]), epsilon=a["epsilon"],
+                                           data_format=a["data_format"],
+                                           is_training=a["is_training"],
+                                           n_threads=a["n_threads"], out=a["out"])
+
+
+def _validator_gg(a):
+    return _api._grad_grad(*(a[k] for k in _GG_ORDER))
+
+
+def _fast_gg(a):
+    return _kernels.fast_grad_grad(*(a[k] for k in _GG_ORDER))
+
+
+@pytest.mark.parametrize("case", sorted(BAD_GRAD_GRAD))
+def test_grad_grad_errors_are_the_validators(case):
+    public = _raised(_public_gg, _gg_call(**BAD_GRAD_GRAD[case]))
+    assert public == _raised(_validator_gg, _gg_call(**BAD_GRAD_GRAD[case]))
+    assert _fast_gg(_gg_call(**BAD_GRAD_GRAD[case])) is None
+
+
+GOOD_GRAD_GRAD = {
+    "train": {},
+    "inference": dict(is_training=False),
+    "no ggx": dict(grad_x_backprop=None),
+    "ggx only": dict(grad_scale_backprop=None, grad_offset_backprop=None),
+    "float16": dict(x=_x(np.float16), y_backprop=_x(np.float16),
+                    grad_x_backprop=_x(np.float16)),
+    "bfloat16 NCHW": dict(x=_x(BFLOAT16, (2, C, 3, 3)), y_backprop=_x(BFLOAT16, (2, C, 3, 3)),
+                          grad_x_backprop=_x(BFLOAT16, (2, C, 3, 3)), data_format="NCHW"),
+    "float64 NC": dict(x=_x(np.float64, (5, C)), y_backprop=_x(np.float64, (5, C)),
+                       grad_x_backprop=_x(np.float64, (5, C)), scale=_v(dtype=np.float64),
+                       reserve_space_1=_v(dtype=np.float64, fill=0.1),
+                       reserve_space_2=_v(dtype=np.float64), grad_scale_backprop=None,
+                       grad_offset_backprop=_v(dtype=np.float64), data_format="NC"),
+    "n_threads 2": dict(n_threads=2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GOOD_GRAD_GRAD))
+def test_grad_grad_fast_path_result_is_the_validators(case):
+    fast = _fast_gg(_gg_call(**GOOD_GRAD_GRAD[case]))
+    assert fast is not None, "the plain call should take the fast path"
+    slow = _validator_gg(_gg_call(**GOOD_GRAD_GRAD[case]))
+    assert type(fast) is type(slow)
+    for f, s in zip(fast, slow):
+        assert f.dtype == s.dtype
+        assert f.tobytes() == s.tobytes()
