@@ -101,7 +101,7 @@ static void check(const char *what, const char *ctx, int64_t i, double got, doub
 typedef struct {
     cfbn_shape s;
     int64_t total;
-    void *x, *dy, *scale, *offset, *mean, *var;
+    void *x, *dy, *ggx, *scale, *offset, *mean, *var;
 } problem;
 
 static void make_problem(problem *p, int dt, int layout, int64_t outer, int64_t c, int64_t inner)
@@ -116,10 +116,12 @@ static void make_problem(problem *p, int dt, int layout, int64_t outer, int64_t 
     size_t e = esize[dt], ve = esize[vdt(dt)];
     p->x = xmalloc((size_t)p->total * e);
     p->dy = xmalloc((size_t)p->total * e);
+    p->ggx = xmalloc((size_t)p->total * e);
     for (int64_t i = 0; i < p->total; i++) {
         double ch = (double)channel_of(&p->s, i);
         set(p->x, dt, i, 2.0 * rng_uniform() - 1.0 + 0.5 * ch);
         set(p->dy, dt, i, 2.0 * rng_uniform() - 1.0);
+        set(p->ggx, dt, i, 2.0 * rng_uniform() - 1.0);
     }
     p->scale = xmalloc((size_t)c * ve);
     p->offset = xmalloc((size_t)c * ve);
@@ -135,7 +137,7 @@ static void make_problem(problem *p, int dt, int layout, int64_t outer, int64_t 
 
 static void free_problem(problem *p)
 {
-    free(p->x); free(p->dy); free(p->scale); free(p->offset); free(p->mean); free(p->var);
+    free(p->x); free(p->dy); free(p->ggx); free(p->scale); free(p->offset); free(p->mean); free(p->var);
 }
 
 /* per-channel double statistics of x */
@@ -155,6 +157,62 @@ static void moments(const problem *p, double *mu, double *var, int64_t *n)
 }
 
 static double tol_of(int dt) { return dt == CFBN_F64 ? 1e-10 : dt == CFBN_F32 ? 2e-5 : 4e-3; }
+
+/* The second-order gradient against SPEC.md's formulas in double, with the
+ * statistics mu, var (the saved ones in training) and the problem's offset
+ * and mean vectors standing in for the upstream ggscale and ggoffset. */
+static void check_grad_grad(const cfbn_kernels *k, const problem *p, const cfbn_shape *s, int training,
+                            const void *mu, const void *var, const char *ctx)
+{
+    int dt = p->s.dtype, vd = vdt(dt);
+    int64_t C = p->s.channels, n = p->s.outer * p->s.inner;
+    double eps = 1e-3, tol = tol_of(dt);
+    void *ddy = xmalloc((size_t)p->total * esize[dt]), *dx = xmalloc((size_t)p->total * esize[dt]);
+    void *ds = xmalloc((size_t)C * esize[vd]);
+    const void *ggs = p->offset, *ggo = p->mean;
+    if (cfbn_backward_backward(k, s, training, p->dy, p->x, p->scale, mu, var, eps, p->ggx, ggs, ggo, ddy, dx,
+                               ds) != 0) {
+        fprintf(stderr, "FAIL %s: backward_backward returned an error\n", ctx);
+        n_fail++;
+    }
+    /* per channel: <g>, <g xhat>, <q>, <q xhat>, <q g> */
+    double *m = calloc((size_t)(C ? C : 1) * 5, sizeof(double));
+    for (int64_t i = 0; i < p->total; i++) {
+        int64_t j = channel_of(s, i);
+        double r = 1.0 / sqrt(get(var, vd, j) + eps), xh = (get(p->x, dt, i) - get(mu, vd, j)) * r;
+        double g = get(p->dy, dt, i), q = get(p->ggx, dt, i);
+        m[5 * j] += g;
+        m[5 * j + 1] += g * xh;
+        m[5 * j + 2] += q;
+        m[5 * j + 3] += q * xh;
+        m[5 * j + 4] += q * g;
+    }
+    for (int64_t j = 0; j < C; j++) {
+        double r = 1.0 / sqrt(get(var, vd, j) + eps), *a = m + 5 * j;
+        double want = !n ? 0.0 : training ? r * (a[4] - a[2] * a[0] / (double)n - a[3] * a[1] / (double)n)
+                                          : r * a[4];
+        check("scale_backprop (grad grad)", ctx, j, get(ds, vd, j), want, tol * (double)(n + 1) * 8);
+        for (int t = 0; t < 5; t++) a[t] /= n ? (double)n : 1.0;
+    }
+    for (int64_t i = 0; i < p->total; i++) {
+        int64_t j = channel_of(s, i);
+        const double *a = m + 5 * j;
+        double r = 1.0 / sqrt(get(var, vd, j) + eps), xh = (get(p->x, dt, i) - get(mu, vd, j)) * r;
+        double g = get(p->dy, dt, i), q = get(p->ggx, dt, i), gam = get(p->scale, vd, j);
+        double gs = get(ggs, vd, j), go = get(ggo, vd, j), wy, wx;
+        if (training) {
+            wy = gam * r * (q - a[2] - xh * a[3]) + gs * xh + go;
+            wx = gam * r * r * (xh * (a[2] * a[0] + 3 * a[1] * a[3] - a[4]) - a[3] * (g - a[0]) - a[1] * (q - a[2]))
+                 + gs * r * (g - a[0] - xh * a[1]);
+        } else {
+            wy = gam * r * q + gs * xh + go;
+            wx = gs * r * g;
+        }
+        check("ddy (grad grad)", ctx, i, get(ddy, dt, i), wy, tol * 64 * (1 + fabs(wy)));
+        check("dx (grad grad)", ctx, i, get(dx, dt, i), wx, tol * 64 * (1 + fabs(wx)));
+    }
+    free(m); free(ddy); free(dx); free(ds);
+}
 
 static void run_problem(const cfbn_kernels *k, const problem *p, int n_threads, const char *ctx)
 {
@@ -220,6 +278,7 @@ static void run_problem(const cfbn_kernels *k, const problem *p, int n_threads, 
                       ((double)n * get(p->dy, dt, i) - s1[j] - xh * s2[j]);
         check("dx (training)", ctx, i, get(dx, dt, i), want, tol * 64 * (1 + fabs(want)));
     }
+    check_grad_grad(k, p, &s, 1, sm, sv, ctx);
 
     /* inference forward and gradient */
     if (cfbn_forward_inference(k, &s, p->x, p->scale, p->offset, p->mean, p->var, eps,
@@ -254,6 +313,7 @@ static void run_problem(const cfbn_kernels *k, const problem *p, int n_threads, 
     }
     for (int64_t j = 0; j < C; j++)
         check("offset_backprop (inference)", ctx, j, get(doff, vd, j), s1[j], tol * (double)(n + 1));
+    check_grad_grad(k, p, &s, 0, p->mean, p->var, ctx);
 
     free(s1); free(s2); free(mu); free(var);
     free(y); free(dx); free(bm); free(bv); free(sm); free(sv); free(ds); free(doff);
