@@ -90,6 +90,14 @@ def median(v):
     return float(np.median(np.asarray(v, dtype=np.float64)))
 
 
+def geomean(v):
+    return math.exp(sum(math.log(q) for q in v) / len(v))
+
+
+def target_shapes(args):
+    return [s for s in bc.SHAPES if not args.shapes or bc.shape_str(s) in args.shapes]
+
+
 # ---------------------------------------------------------------- checks
 
 
@@ -118,10 +126,8 @@ def check_cell(torch, op, d, threads):
         p = bc.torch_call(torch, op, t)()
     finally:
         torch.set_num_threads(prev)
-    if op == "grad":
-        pairs = [("x_backprop", r.x_backprop, bc.torch_to_numpy(p[0], layout)),
-                 ("scale_backprop", r.scale_backprop, p[1].numpy()),
-                 ("offset_backprop", r.offset_backprop, p[2].numpy())]
+    if op in bc.FIELDS:
+        pairs = bc.paired_outputs(op, r, p, layout)
     else:
         pairs = [("y", r.y, bc.torch_to_numpy(p[0], layout))]
         if op == "train":
@@ -139,7 +145,7 @@ def check_cell(torch, op, d, threads):
             raise SystemExit(
                 "compare.py: cfbn and PyTorch disagree on %s %s %s threads=%d, %s: normalized "
                 "max difference %.3g > %.3g; timing them would compare different computations"
-                % (bc.OPS[op], layout, bc.shape_str(d["shape"]), threads, name, e, tolerance))
+                % (bc.LABELS[op], layout, bc.shape_str(d["shape"]), threads, name, e, tolerance))
     return worst
 
 
@@ -161,6 +167,13 @@ def fmt_load(load):
 
 def fmt_ms(seconds):
     return "%.2f" % (seconds * 1e3)
+
+
+def table_head(w, columns, left):
+    """Writes a markdown table's header: `columns`' titles, the first `left`
+    aligned left, the others (numbers) right."""
+    w("| " + " | ".join(columns) + " |")
+    w("|" + "|".join("---" if i < left else "--:" for i in range(len(columns))) + "|")
 
 
 def measure_cell(args, torch, op, d, threads, fns, extra=(), repeats=None):
@@ -188,7 +201,7 @@ def measure_cell(args, torch, op, d, threads, fns, extra=(), repeats=None):
 def target_cells(args, torch):
     """Times every target cell; returns the result rows."""
     rows = []
-    shapes = [s for s in bc.SHAPES if not args.shapes or bc.shape_str(s) in args.shapes]
+    shapes = target_shapes(args)
     total = len(shapes) * len(bc.LAYOUTS) * len(bc.OPS) * len(args.threads)
     done = 0
     for shape in shapes:
@@ -350,7 +363,7 @@ def bf16_section(args, torch):
     import ml_dtypes
 
     threads = 2
-    shapes = [s for s in bc.SHAPES if not args.shapes or bc.shape_str(s) in args.shapes]
+    shapes = target_shapes(args)
     if not args.no_large:
         shapes.append(bc.LARGE_SHAPE)
     rows = []
@@ -386,13 +399,10 @@ def bf16_report(w, rows, torch, summary):
       "(float32 weight and statistics); speed-up = cfbn float32 time / cfbn bfloat16 time, "
       "GB/s = minimal bytes of the bfloat16 tensors / time.")
     w("")
-    head = "| shape | layout | op | cfbn bf16 µs | cfbn f32 µs | speed-up | bf16 GB/s |"
-    sep = "|---|---|---|--:|--:|--:|--:|"
-    if torch is not None:
-        head += " PyTorch bf16 µs | cfbn/PyTorch |"
-        sep += "--:|--:|"
-    w(head + " others' load |")
-    w(sep + "--:|")
+    table_head(w, ["shape", "layout", "op", "cfbn bf16 µs", "cfbn f32 µs", "speed-up",
+                   "bf16 GB/s"]
+               + (["PyTorch bf16 µs", "cfbn/PyTorch"] if torch is not None else [])
+               + ["others' load"], 3)
     for r in rows:
         cells = ["(%s)" % ",".join(map(str, r["shape"])), r["layout"], bc.OPS[r["op"]],
                  fmt_us(r["bf16"]), fmt_us(r["f32"]), "%.2f" % r["speedup"], "%.2f" % r["gbps"]]
@@ -482,7 +492,7 @@ def report(args, info, torch, rows, large, overhead, bf16, elapsed, load):
                  args.busy))
         if torch is not None:
             ratios = [r["ratio"] for r in rows]
-            geo = math.exp(sum(math.log(q) for q in ratios) / len(ratios))
+            geo = geomean(ratios)
             worst = max(rows, key=lambda r: r["ratio"])
             above = [r for r in rows if r["ratio"] > TARGET_MAX_RATIO]
             w("")
