@@ -2,8 +2,8 @@
 
 Shapes, inputs, the minimal-traffic byte counts, and zero-argument callables
 for every implementation measured: cfbn, the float64 NumPy reference,
-PyTorch (ATen's native batch norm) and TensorFlow (FusedBatchNormV3), each on
-the same NumPy data.
+PyTorch (ATen's native batch norm, and autograd's double backward through it)
+and TensorFlow (FusedBatchNormV3), each on the same NumPy data.
 """
 import functools
 import gc
@@ -34,6 +34,9 @@ TINY_SHAPE = (1, 8, 8, 16)
 
 LAYOUTS = ("NHWC", "NCHW")
 THREADS = (1, 2)
+#: The float64 reference is timed on shapes up to this many elements only
+#: unless a full run asks for all.
+REFERENCE_MAX_ELEMENTS = 1 << 20
 
 #: op key -> label.  "train": training forward updating the running averages;
 #: "infer": inference forward; "grad": training gradient.
@@ -41,6 +44,14 @@ OPS = {
     "train": "training forward",
     "infer": "inference forward",
     "grad": "training gradient",
+}
+#: The second-order gradient in training ("gradgrad") is timed by its own
+#: sections, not in every loop over OPS.
+LABELS = {**OPS, "gradgrad": "training grad-grad"}
+#: cfbn's result fields in the order of PyTorch's outputs.
+FIELDS = {
+    "grad": ("x_backprop", "scale_backprop", "offset_backprop"),
+    "gradgrad": ("y_backprop_backprop", "x_backprop", "scale_backprop"),
 }
 
 EPSILON = 1e-4
@@ -62,10 +73,15 @@ def reduce_axes(layout):
     return (0, 1, 2) if layout == "NHWC" else (0, 2, 3)
 
 
+def elements(shape):
+    return math.prod(shape)
+
+
 def minimal_bytes(op, nbytes):
     """The traffic no implementation can avoid: read x and write y (forward),
-    read dy and x and write dx (gradient)."""
-    return (3 if op == "grad" else 2) * nbytes
+    read dy and x and write dx (gradient), read dy, x and ggx and write ddy
+    and dx (grad-grad)."""
+    return {"grad": 3, "gradgrad": 5}.get(op, 2) * nbytes
 
 
 def gbps(op, nbytes, seconds):
@@ -100,6 +116,24 @@ def make_inputs(shape_nhwc, layout, seed=0, dtype=DTYPE):
         "rs1": x.mean(axis=axes, dtype=np.float64).astype(vdt),
         "rs2": x.var(axis=axes, dtype=np.float64).astype(vdt),
     }
+
+
+def add_upstream(d, seed=1):
+    """Adds to inputs `d` (in place, once) the upstream gradients a grad-grad
+    call takes: ggx (x's shape and dtype), ggscale and ggoffset (the
+    per-channel dtype).  Returns `d`.
+
+    Kept out of make_inputs: the other ops do not need a third tensor, and
+    the large shapes would pay for one."""
+    if "ggx" not in d:
+        rng = np.random.default_rng(seed)
+        c = d["shape"][3]
+        vdt = d["scale"].dtype
+        d["ggx"] = rng.standard_normal(d["x"].shape, dtype=np.float32).astype(
+            d["x"].dtype, copy=False)
+        d["ggs"] = rng.standard_normal(c).astype(vdt)
+        d["ggo"] = rng.standard_normal(c).astype(vdt)
+    return d
 
 
 class InputCache:
@@ -141,6 +175,11 @@ def cfbn_call(op, d, threads, out=None):
         return functools.partial(
             cfbn.fused_batch_norm_grad, d["dy"], d["x"], d["scale"], d["rs1"], d["rs2"],
             epsilon=EPSILON, data_format=layout, is_training=True, n_threads=threads, out=out)
+    if op == "gradgrad":
+        return functools.partial(
+            cfbn.fused_batch_norm_grad_grad, d["dy"], d["x"], d["scale"], d["rs1"], d["rs2"],
+            d["ggx"], d["ggs"], d["ggo"], epsilon=EPSILON, data_format=layout, is_training=True,
+            n_threads=threads, out=out)
     raise ValueError(op)
 
 
@@ -151,6 +190,9 @@ def cfbn_out(op, d):
     if op == "grad":
         return {"x_backprop": np.empty_like(x), "scale_backprop": np.empty(c, vdt),
                 "offset_backprop": np.empty(c, vdt)}
+    if op == "gradgrad":
+        return {"y_backprop_backprop": np.empty_like(x), "x_backprop": np.empty_like(x),
+                "scale_backprop": np.empty(c, vdt)}
     return {"y": np.empty_like(x), "batch_mean": np.empty(c, vdt),
             "batch_variance": np.empty(c, vdt), "reserve_space_1": np.empty(c, vdt),
             "reserve_space_2": np.empty(c, vdt)}
@@ -171,6 +213,10 @@ def reference_call(op, d):
         return functools.partial(
             ref.fused_batch_norm_grad, d["dy"], d["x"], d["scale"], d["rs1"], d["rs2"],
             epsilon=EPSILON, data_format=layout, is_training=True)
+    if op == "gradgrad":
+        return functools.partial(
+            ref.fused_batch_norm_grad_grad, d["dy"], d["x"], d["scale"], d["rs1"], d["rs2"],
+            d["ggx"], d["ggs"], d["ggo"], epsilon=EPSILON, data_format=layout, is_training=True)
     raise ValueError(op)
 
 
@@ -220,11 +266,17 @@ def torch_to_numpy(t, layout):
 
 
 def torch_args(torch, d):
-    """Torch views of the inputs; the running statistics are private copies
-    (ATen updates them in place in training)."""
+    """Torch views of the inputs (with the upstream gradients where `d` has
+    them); the running statistics are private copies (ATen updates them in
+    place in training)."""
     layout = d["layout"]
     invstd = (1.0 / np.sqrt(d["rs2"].astype(np.float64) + EPSILON)).astype(d["rs2"].dtype)
+    upstream = {}
+    if "ggx" in d:
+        upstream = {"ggx": torch_tensor(torch, d["ggx"], layout),
+                    "ggs": torch.from_numpy(d["ggs"]), "ggo": torch.from_numpy(d["ggo"])}
     return {
+        **upstream,
         "layout": layout,
         "x": torch_tensor(torch, d["x"], layout),
         "dy": torch_tensor(torch, d["dy"], layout),
@@ -253,7 +305,35 @@ def torch_call(torch, op, t):
         return functools.partial(aten.native_batch_norm_backward, t["dy"], t["x"], t["weight"],
                                  t["running_mean"], t["running_var"], t["save_mean"],
                                  t["save_invstd"], True, EPSILON, [True, True, True])
+    if op == "gradgrad":
+        return torch_double_backward(torch, t)
     raise ValueError(op)
+
+
+def torch_double_backward(torch, t):
+    """A zero-argument callable giving what cfbn's grad-grad gives, by
+    autograd's double backward through torch.nn.functional.batch_norm.
+
+    The first-order graph (forward, then the gradient with create_graph) is
+    built here, once; each call runs only its backward, retained between
+    calls, with ggx, ggscale and ggoffset as the gradients of dx, dscale and
+    doffset.  By linearity that is the gradient of sum(ggx * dx) +
+    sum(ggscale * dscale) + sum(ggoffset * doffset) without the elementwise
+    product and sum a loss written out would add.  Returns
+    (d/d dy, d/dx, d/d scale).
+    """
+    x, weight, bias, dy = (t[k].detach().requires_grad_() for k in ("x", "weight", "bias", "dy"))
+    y = torch.nn.functional.batch_norm(x, None, None, weight, bias, training=True, eps=EPSILON)
+    first = torch.autograd.grad(y, (x, weight, bias), dy, create_graph=True)
+    return functools.partial(torch.autograd.grad, first, (dy, x, weight),
+                             (t["ggx"], t["ggs"], t["ggo"]), retain_graph=True)
+
+
+def paired_outputs(op, r, p, layout):
+    """(name, cfbn's output, PyTorch's as a NumPy array in `layout`) for each
+    output of the gradient ops, from cfbn's result `r` and PyTorch's `p`."""
+    return [(name, getattr(r, name), torch_to_numpy(q.detach(), layout))
+            for name, q in zip(FIELDS[op], p)]
 
 
 # ---------------------------------------------------------------- TensorFlow

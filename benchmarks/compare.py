@@ -4,6 +4,7 @@
     python benchmarks/compare.py                 # full run
     python benchmarks/compare.py --quick         # fewer repeats
     python benchmarks/compare.py --markdown-out results.md
+    python benchmarks/compare.py --only-grad-grad --quick
 
 Prints a markdown report:
 
@@ -23,7 +24,18 @@ Prints a markdown report:
   layouts, 2 threads, with cfbn's float32 and PyTorch's bfloat16 (mixed
   type: float32 weight and statistics, as ``torch.autocast`` keeps them)
   timed alongside: cfbn's speed-up over its own float32 and its ratio to
-  PyTorch.
+  PyTorch;
+* the second-order gradient in training (cfbn.fused_batch_norm_grad_grad),
+  float32, every target shape, both layouts, --threads: its time beside
+  cfbn's gradient on the same inputs (target: at most 1.5 times), beside
+  PyTorch's double backward through torch.nn.functional.batch_norm
+  (contiguous for NCHW, channels_last for NHWC; the first-order graph is
+  built once, untimed, and each call runs its backward), and beside the
+  float64 NumPy reference on the shapes up to 2^20 elements; effective
+  bandwidth 5 x bytes(x) (dy, x and ggx read, ddy and dx written) / time
+  against a copy of bytes(x) timed with it.  Before timing, cfbn's and
+  PyTorch's second-order gradients are checked against each other once in
+  float64 and in every cell in float32.
 
 Method: cfbn and PyTorch run in this one process on the same NumPy memory
 (torch.from_numpy; NHWC is the channels_last view), alternately: each repeat
@@ -32,6 +44,8 @@ other, in alternating order, after a warm-up.  Times are medians over the
 repeats; a cell's ratio is the median of the per-repeat ratios, each taken
 from two neighbouring batches.  Before a cell is timed, its cfbn and PyTorch
 outputs are checked against each other.  Progress goes to stderr.
+--only-bf16 and --only-grad-grad run their sections alone (or together);
+--no-bf16 and --no-grad-grad skip them.
 """
 import argparse
 import math
@@ -60,6 +74,14 @@ CHECK_TOLERANCE = 2e-4
 CHECK_TOLERANCE_2BYTE = 2e-2
 #: bfloat16 against cfbn's float32 on the large tensor: at least this speed-up.
 TARGET_BF16_SPEEDUP = 1.6
+#: cfbn's grad-grad against its gradient on the same inputs: at most this
+#: time ratio (it reads three tensors and writes two, the gradient reads two
+#: and writes one).
+TARGET_GRAD_GRAD_RATIO = 1.5
+#: float64 differences from PyTorch: rounding only.
+CHECK_TOLERANCE_FLOAT64 = 1e-12
+#: The shape of the float64 check of the second-order gradient.
+GRAD_GRAD_CHECK_SHAPE = (4, 5, 5, 8)
 
 
 class Retries:
@@ -90,6 +112,14 @@ def median(v):
     return float(np.median(np.asarray(v, dtype=np.float64)))
 
 
+def geomean(v):
+    return math.exp(sum(math.log(q) for q in v) / len(v))
+
+
+def target_shapes(args):
+    return [s for s in bc.SHAPES if not args.shapes or bc.shape_str(s) in args.shapes]
+
+
 # ---------------------------------------------------------------- checks
 
 
@@ -118,10 +148,8 @@ def check_cell(torch, op, d, threads):
         p = bc.torch_call(torch, op, t)()
     finally:
         torch.set_num_threads(prev)
-    if op == "grad":
-        pairs = [("x_backprop", r.x_backprop, bc.torch_to_numpy(p[0], layout)),
-                 ("scale_backprop", r.scale_backprop, p[1].numpy()),
-                 ("offset_backprop", r.offset_backprop, p[2].numpy())]
+    if op in bc.FIELDS:
+        pairs = bc.paired_outputs(op, r, p, layout)
     else:
         pairs = [("y", r.y, bc.torch_to_numpy(p[0], layout))]
         if op == "train":
@@ -131,15 +159,17 @@ def check_cell(torch, op, d, threads):
                       ("batch mean", r.reserve_space_1, p[1].numpy()),
                       ("batch inverse std", invstd, p[2].numpy())]
     worst = 0.0
-    tolerance = CHECK_TOLERANCE if d["x"].dtype.itemsize >= 4 else CHECK_TOLERANCE_2BYTE
+    tolerance = {8: CHECK_TOLERANCE_FLOAT64, 4: CHECK_TOLERANCE}.get(d["x"].dtype.itemsize,
+                                                                   CHECK_TOLERANCE_2BYTE)
     for name, a, b in pairs:
         e = _err(a, b)
         worst = max(worst, e)
         if not e <= tolerance:
             raise SystemExit(
-                "compare.py: cfbn and PyTorch disagree on %s %s %s threads=%d, %s: normalized "
-                "max difference %.3g > %.3g; timing them would compare different computations"
-                % (bc.OPS[op], layout, bc.shape_str(d["shape"]), threads, name, e, tolerance))
+                "compare.py: cfbn and PyTorch disagree on %s %s %s %s threads=%d, %s: "
+                "normalized max difference %.3g > %.3g; timing them would compare different "
+                "computations" % (bc.LABELS[op], d["x"].dtype, layout, bc.shape_str(d["shape"]),
+                                  threads, name, e, tolerance))
     return worst
 
 
@@ -161,6 +191,13 @@ def fmt_load(load):
 
 def fmt_ms(seconds):
     return "%.2f" % (seconds * 1e3)
+
+
+def table_head(w, columns, left):
+    """Writes a markdown table's header: `columns`' titles, the first `left`
+    aligned left, the others (numbers) right."""
+    w("| " + " | ".join(columns) + " |")
+    w("|" + "|".join("---" if i < left else "--:" for i in range(len(columns))) + "|")
 
 
 def measure_cell(args, torch, op, d, threads, fns, extra=(), repeats=None):
@@ -188,7 +225,7 @@ def measure_cell(args, torch, op, d, threads, fns, extra=(), repeats=None):
 def target_cells(args, torch):
     """Times every target cell; returns the result rows."""
     rows = []
-    shapes = [s for s in bc.SHAPES if not args.shapes or bc.shape_str(s) in args.shapes]
+    shapes = target_shapes(args)
     total = len(shapes) * len(bc.LAYOUTS) * len(bc.OPS) * len(args.threads)
     done = 0
     for shape in shapes:
@@ -350,7 +387,7 @@ def bf16_section(args, torch):
     import ml_dtypes
 
     threads = 2
-    shapes = [s for s in bc.SHAPES if not args.shapes or bc.shape_str(s) in args.shapes]
+    shapes = target_shapes(args)
     if not args.no_large:
         shapes.append(bc.LARGE_SHAPE)
     rows = []
@@ -386,13 +423,10 @@ def bf16_report(w, rows, torch, summary):
       "(float32 weight and statistics); speed-up = cfbn float32 time / cfbn bfloat16 time, "
       "GB/s = minimal bytes of the bfloat16 tensors / time.")
     w("")
-    head = "| shape | layout | op | cfbn bf16 µs | cfbn f32 µs | speed-up | bf16 GB/s |"
-    sep = "|---|---|---|--:|--:|--:|--:|"
-    if torch is not None:
-        head += " PyTorch bf16 µs | cfbn/PyTorch |"
-        sep += "--:|--:|"
-    w(head + " others' load |")
-    w(sep + "--:|")
+    table_head(w, ["shape", "layout", "op", "cfbn bf16 µs", "cfbn f32 µs", "speed-up",
+                   "bf16 GB/s"]
+               + (["PyTorch bf16 µs", "cfbn/PyTorch"] if torch is not None else [])
+               + ["others' load"], 3)
     for r in rows:
         cells = ["(%s)" % ",".join(map(str, r["shape"])), r["layout"], bc.OPS[r["op"]],
                  fmt_us(r["bf16"]), fmt_us(r["f32"]), "%.2f" % r["speedup"], "%.2f" % r["gbps"]]
@@ -416,6 +450,113 @@ def bf16_report(w, rows, torch, summary):
                         worst["ratio"] < 1.0))
 
 
+def grad_grad_section(args, torch):
+    """The second-order gradient in training, float32: for every target cell,
+    cfbn grad-grad, cfbn gradient on the same inputs, PyTorch's double
+    backward, copies of x's size and (on the smaller shapes) the reference,
+    all interleaved.  Returns (the float64 check's difference or None, rows)."""
+    check64 = None
+    if torch is not None:
+        # once in float64, where only rounding separates the two: the
+        # double backward timed below is the computation cfbn's grad-grad does
+        check64 = max(check_cell(torch, "gradgrad", bc.add_upstream(bc.make_inputs(
+            GRAD_GRAD_CHECK_SHAPE, layout, dtype=np.float64)), 1) for layout in bc.LAYOUTS)
+        bc.log("grad-grad: cfbn and PyTorch agree in float64 (normalized difference %.2g)"
+               % check64)
+    rows = []
+    for shape in target_shapes(args):
+        nbytes = bc.elements(shape) * np.dtype(bc.DTYPE).itemsize
+        copies = list(copy_calls(torch, nbytes)[0].values())
+        with_reference = bc.elements(shape) <= bc.REFERENCE_MAX_ELEMENTS
+        for layout in bc.LAYOUTS:
+            d = bc.add_upstream(bc.make_inputs(shape, layout))
+            for threads in args.threads:
+                fns = [bc.cfbn_call("gradgrad", d, threads), bc.cfbn_call("grad", d, threads)]
+                extra = copies + ([bc.reference_call("gradgrad", d)] if with_reference else [])
+                samples, load, check = measure_cell(args, torch, "gradgrad", d, threads, fns,
+                                                    extra=extra)
+                k = len(fns) + (torch is not None)
+                row = {"shape": shape, "layout": layout, "threads": threads,
+                       "gg": median(samples[0]), "grad": median(samples[1]),
+                       "ratio": median([a / b for a, b in zip(samples[0], samples[1])]),
+                       "copy_gbps": max(2 * nbytes / median(v) / 1e9
+                                        for v in samples[k:k + len(copies)]),
+                       "reference": median(samples[-1]) if with_reference else None,
+                       "check": check, "load": load}
+                row["gbps"] = bc.gbps("gradgrad", nbytes, row["gg"])
+                if torch is not None:
+                    row["torch"] = median(samples[2])
+                    row["torch_ratio"] = median([a / b for a, b in zip(samples[0], samples[2])])
+                rows.append(row)
+                bc.log("grad-grad %s %s t%d: %s us, gradient %s us (x%.2f), %.2f GB/s (copy "
+                       "%.2f)%s; others' load %s" % (
+                           bc.shape_str(shape), layout, threads, fmt_us(row["gg"]),
+                           fmt_us(row["grad"]), row["ratio"], row["gbps"], row["copy_gbps"],
+                           "" if torch is None else ", torch %s us, ratio %.3f"
+                           % (fmt_us(row["torch"]), row["torch_ratio"]), fmt_load(load)))
+            del d
+    return check64, rows
+
+
+def grad_grad_report(w, section, torch, summary):
+    check64, rows = section
+    w("")
+    w("### Second-order gradient (grad-grad), float32, training")
+    w("")
+    w("cfbn's `fused_batch_norm_grad_grad` beside its `fused_batch_norm_grad` on the same "
+      "inputs (target: grad-grad / gradient <= %.1f); GB/s = 5 x bytes(x) / time (dy, x, ggx "
+      "read, ddy, dx written) beside a copy of bytes(x) timed with it (2 x bytes / time: "
+      "np.copyto%s)%s; the NumPy float64 reference on shapes up to %d elements." % (
+          TARGET_GRAD_GRAD_RATIO,
+          "" if torch is None else ", or torch's copy_ at the cell's threads where faster",
+          "" if torch is None else "; PyTorch: autograd's double backward through "
+          "torch.nn.functional.batch_norm (NCHW contiguous, NHWC channels_last), only the "
+          "backward of the first-order graph timed", bc.REFERENCE_MAX_ELEMENTS))
+    w("")
+    table_head(w, ["shape", "layout", "threads", "grad-grad µs", "gradient µs",
+                   "grad-grad/gradient", "GB/s", "copy GB/s"]
+               + (["PyTorch µs", "cfbn/PyTorch"] if torch is not None else [])
+               + ["reference µs", "others' load"], 2)
+    for r in rows:
+        ratio = "%.3f" % r["ratio"]
+        cells = ["(%s)" % ",".join(map(str, r["shape"])), r["layout"], str(r["threads"]),
+                 fmt_us(r["gg"]), fmt_us(r["grad"]),
+                 ratio if r["ratio"] <= TARGET_GRAD_GRAD_RATIO else "**%s**" % ratio,
+                 "%.2f" % r["gbps"], "%.2f" % r["copy_gbps"]]
+        if torch is not None:
+            tr = "%.3f" % r["torch_ratio"]
+            cells += [fmt_us(r["torch"]), tr if r["torch_ratio"] < 1.0 else "**%s**" % tr]
+        cells += ["-" if r["reference"] is None else fmt_us(r["reference"]), fmt_load(r["load"])]
+        w("| " + " | ".join(cells) + " |")
+    if not rows:
+        return
+    met = sum(r["ratio"] <= TARGET_GRAD_GRAD_RATIO for r in rows)
+    worst = max(rows, key=lambda r: r["ratio"])
+    line = ("Grad-grad within %.1f x the gradient in **%d of %d** cells; geometric mean "
+            "grad-grad/gradient **%.3f**, largest %.3f at (%s) %s, %d thread(s)" % (
+                TARGET_GRAD_GRAD_RATIO, met, len(rows), geomean([r["ratio"] for r in rows]),
+                worst["ratio"], ",".join(map(str, worst["shape"])), worst["layout"],
+                worst["threads"]))
+    summary.append(("grad-grad <= %.1f x gradient in %d of %d cells"
+                    % (TARGET_GRAD_GRAD_RATIO, met, len(rows)), met == len(rows)))
+    if torch is not None:
+        beat = sum(r["torch_ratio"] < 1.0 for r in rows)
+        line += ("; faster than PyTorch's double backward in **%d of %d** cells (geometric "
+                 "mean cfbn/PyTorch %.3f)" % (beat, len(rows),
+                                               geomean([r["torch_ratio"] for r in rows])))
+        summary.append(("grad-grad faster than PyTorch in %d of %d cells" % (beat, len(rows)),
+                        beat == len(rows)))
+    w("")
+    w(line + ".")
+    if check64 is not None:
+        checks = [r["check"] for r in rows]
+        w("")
+        w("Second-order gradients checked against PyTorch's: in float64 on (%s), normalized "
+          "difference %.2g (limit %.0g); in float32 in every cell before timing, largest %.2g "
+          "(limit %.0g)." % (",".join(map(str, GRAD_GRAD_CHECK_SHAPE)), check64,
+                             CHECK_TOLERANCE_FLOAT64, max(checks), CHECK_TOLERANCE))
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -432,10 +573,10 @@ def verdict(ok):
     return "pass" if ok else "**FAIL**"
 
 
-def report(args, info, torch, rows, large, overhead, bf16, elapsed, load):
+def report(args, info, torch, rows, large, overhead, bf16, grad_grad, elapsed, load):
     out = []
     w = out.append
-    w("## cfbn vs PyTorch: float32, then bfloat16")
+    w("## cfbn vs PyTorch: float32, bfloat16, second-order gradient")
     w("")
     w(machine_line(info))
     w("")
@@ -482,7 +623,7 @@ def report(args, info, torch, rows, large, overhead, bf16, elapsed, load):
                  args.busy))
         if torch is not None:
             ratios = [r["ratio"] for r in rows]
-            geo = math.exp(sum(math.log(q) for q in ratios) / len(ratios))
+            geo = geomean(ratios)
             worst = max(rows, key=lambda r: r["ratio"])
             above = [r for r in rows if r["ratio"] > TARGET_MAX_RATIO]
             w("")
@@ -574,6 +715,9 @@ def report(args, info, torch, rows, large, overhead, bf16, elapsed, load):
     if bf16:
         bf16_report(w, bf16, torch, summary)
 
+    if grad_grad is not None:
+        grad_grad_report(w, grad_grad, torch, summary)
+
     if summary:
         failed = [name for name, ok in summary if not ok]
         w("")
@@ -609,6 +753,10 @@ def parse_args(argv):
     p.add_argument("--no-bf16", action="store_true", help="skip the bfloat16 section")
     p.add_argument("--only-bf16", action="store_true",
                    help="only the bfloat16 section (with the large tensor unless --no-large)")
+    p.add_argument("--no-grad-grad", action="store_true",
+                   help="skip the second-order gradient section")
+    p.add_argument("--only-grad-grad", action="store_true",
+                   help="only the second-order gradient section (with --only-bf16: both)")
     args = p.parse_args(argv)
     args.threads = [int(t) for t in args.threads.split(",") if t.strip()]
     args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -630,19 +778,22 @@ def main(argv=None):
         bc.log("PyTorch is not installed (or --no-torch): timing cfbn only")
     info = bc.machine_info()
     bc.log(machine_line(info))
-    only = args.only_bf16
+    only = args.only_bf16 or args.only_grad_grad
     rows = [] if only else target_cells(args, torch)
     large = None if args.no_large or only else large_section(args, torch)
     overhead = None if args.no_overhead or only else overhead_section(args, torch)
     bf16 = None
-    if not args.no_bf16:
+    if not args.no_bf16 and (args.only_bf16 or not only):
         if bc.have_module("ml_dtypes"):
             bf16 = bf16_section(args, torch)
         else:
             bc.log("ml_dtypes is not installed: no bfloat16 section")
+    grad_grad = None
+    if not args.no_grad_grad and (args.only_grad_grad or not only):
+        grad_grad = grad_grad_section(args, torch)
     elapsed = time.perf_counter() - start
     load = (load_start, "%.2f" % os.getloadavg()[0])
-    text = report(args, info, torch, rows, large, overhead, bf16, elapsed, load)
+    text = report(args, info, torch, rows, large, overhead, bf16, grad_grad, elapsed, load)
     print(text)
     if args.markdown_out:
         Path(args.markdown_out).write_text(text + "\n")

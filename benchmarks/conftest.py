@@ -32,8 +32,10 @@ import cfbn  # noqa: E402
 
 IMPLS = ("cfbn", "cfbn-out", "reference", "torch", "tensorflow")
 
-#: Shapes on which the reference runs in the default matrix (elements).
-REFERENCE_DEFAULT_MAX_ELEMENTS = 1 << 20
+#: (op, implementation) pairs with nothing to time: TensorFlow has no fused
+#: second-order kernel (its gradient of FusedBatchNormGradV3 is composed of
+#: other ops).
+UNAVAILABLE = {("gradgrad", "tensorflow")}
 
 #: Timing budget per benchmark in the default matrix.
 DEFAULT_MAX_TIME = 0.15
@@ -74,12 +76,14 @@ def cases(ops, config=None):
     params = []
     for op in ops:
         for shape in shapes:
-            elements = shape[0] * shape[1] * shape[2] * shape[3]
+            elements = bc.elements(shape)
             for layout in bc.LAYOUTS:
                 for t in threads:
                     for impl in impls:
                         if (impl == "reference" and not full
-                                and elements > REFERENCE_DEFAULT_MAX_ELEMENTS):
+                                and elements > bc.REFERENCE_MAX_ELEMENTS):
+                            continue
+                        if (op, impl) in UNAVAILABLE:
                             continue
                         params.append(pytest.param(
                             op, shape, layout, t, impl,
@@ -161,7 +165,8 @@ class Runner:
 
     def __call__(self, op, shape, layout, threads, impl):
         benchmark = self.benchmark
-        benchmark.group = "%s %s %s threads=%d" % (bc.OPS[op], layout, bc.shape_str(shape), threads)
+        benchmark.group = "%s %s %s threads=%d" % (bc.LABELS[op], layout, bc.shape_str(shape),
+                                                    threads)
         info = cfbn.runtime_info()
         extra = benchmark.extra_info
         extra.update(impl=impl, op=op, layout=layout, shape=list(shape), dtype="float32",
@@ -177,6 +182,8 @@ class Runner:
             tf = _tensorflow(threads)
 
         d = _INPUTS.get(shape, layout)
+        if op == "gradgrad":
+            bc.add_upstream(d)
         nbytes = d["x"].nbytes
         extra["bytes"] = bc.minimal_bytes(op, nbytes)
 
