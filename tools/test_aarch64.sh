@@ -5,11 +5,12 @@
 # CFBN_FORCE_ISA=scalar.  The two runs go side by side: Python under qemu keeps
 # about one core busy each.
 #
-# The first run already puts every ISA-parametrized test through both tables
-# (the isa fixture of tests/conftest.py); the forced run deselects the NEON
-# instances (-k "not neon"), which would only repeat the first run, and keeps
-# everything else: the scalar table chosen at import, under every test.
-# CFBN_SCALAR_FULL=1 runs the whole suite there as well.
+# The ISA-parametrized tests (the isa fixture of tests/conftest.py) run every
+# table whichever is selected at import, so each run keeps its own table's
+# instances of them: the first deselects the scalar ones (-k "not scalar"),
+# the forced run the NEON ones (-k "not neon"); both run every other test,
+# with their table chosen at import.  CFBN_SCALAR_FULL=1 runs the whole
+# suite in both.
 #
 # The wheel is installed with pip --target --platform into the sysroot's
 # /usr/local/lib/python3.11/dist-packages, as on a device, and the tests run
@@ -70,11 +71,13 @@ assert info["selected_isa"] == "neon", info
 PY
 
 step "pytest under qemu-aarch64, side by side: NEON table selected | CFBN_FORCE_ISA=scalar"
-CFBN_EXPECT_ISA=neon run_suite aarch64-neon \
-    "$LAUNCHER" -m pytest tests -q -p no:cacheprovider ${PYTEST_ARGS:-} >"$EDGE/summary-neon.txt" &
-neon=$!
+neon_only=(-k "not scalar")
 scalar_only=(-k "not neon")
-[ -z "${CFBN_SCALAR_FULL:-}" ] || scalar_only=()
+[ -z "${CFBN_SCALAR_FULL:-}" ] || { neon_only=(); scalar_only=(); }
+CFBN_EXPECT_ISA=neon run_suite aarch64-neon \
+    "$LAUNCHER" -m pytest tests -q -p no:cacheprovider "${neon_only[@]}" ${PYTEST_ARGS:-} \
+    >"$EDGE/summary-neon.txt" &
+neon=$!
 CFBN_FORCE_ISA=scalar CFBN_EXPECT_ISA=scalar run_suite aarch64-scalar \
     "$LAUNCHER" -m pytest tests -q -p no:cacheprovider "${scalar_only[@]}" ${PYTEST_ARGS:-} \
     >"$EDGE/summary-scalar.txt" &
@@ -82,7 +85,7 @@ scalar=$!
 failed=()
 wait "$neon" || failed+=(neon)
 wait "$scalar" || failed+=(scalar)
-echo "NEON table selected:"
+echo "NEON table selected ${neon_only[*]}:"
 cat "$EDGE/summary-neon.txt"
 echo "CFBN_FORCE_ISA=scalar ${scalar_only[*]}:"
 cat "$EDGE/summary-scalar.txt"
