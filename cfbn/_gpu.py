@@ -189,68 +189,104 @@ def _gapply_act_spec(key, layout, with_side):
 
 
 # Loop bodies of the stats passes over one thread's elements; `ADD(e)` is the
-# accumulation of element e and CH the thread's channel.
+# accumulation of element e into ACC's accumulators, CH the thread's channel,
+# and STORE writes the thread's sums.
 _LOOP_LAST = ("const long long CH = (i % W) % C;\n"
               "{SETUP}"
-              "double a1 = 0.0, a2 = 0.0;\n"
+              "{ACC}\n"
               "for (long long e = i; e < total; e += P * W) {{ {ADD} }}\n"
-              "s1 = a1;\ns2 = a2;")
+              "{STORE}")
 _LOOP_FIRST = ("const long long j = i % L, t = i / L;\n"
                "const long long CH = t / G;\n"
                "{SETUP}"
-               "double a1 = 0.0, a2 = 0.0;\n"
+               "{ACC}\n"
                "for (long long n = t % G; n < N; n += G) {{\n"
                "  const long long base = (n * C + CH) * S;\n"
                "  for (long long e = base + j; e < base + S; e += L) {{ {ADD} }}\n"
                "}}\n"
-               "s1 = a1;\ns2 = a2;")
+               "{STORE}")
+# Two sums in scalars (a1, a2 -> s1, s2); the second-order pass's five in an
+# array (a[0..5) -> s1..s5), as cfbn_ggstats_add and cfbn_grad_grad_params take them.
+_SUMS = {2: ("double a1 = 0.0, a2 = 0.0;", "s1 = a1;\ns2 = a2;"),
+         5: ("double a[5] = {0.0, 0.0, 0.0, 0.0, 0.0};",
+             "\n".join("s%d = a[%d];" % (k + 1, k) for k in range(5)))}
 _LOOP_PARAMS = {"last": "int64 C, int64 W, int64 P, int64 total",
                 "first": "int64 C, int64 S, int64 N, int64 G, int64 L"}
+
+
+def _loop(layout, setup, add, nsums=2):
+    acc, store = _SUMS[nsums]
+    return (_LOOP_LAST if layout == "last" else _LOOP_FIRST).format(
+        SETUP=setup, ADD=add, ACC=acc, STORE=store)
+
+
+def _sum_outputs(nsums):
+    return ", ".join("float64 s%d" % (k + 1) for k in range(nsums))
 
 
 def _stats_spec(key, layout):
     sfx, xt, vt, ct, m = key
     first = "CH * S" if layout == "first" else "CH"
-    body = (_LOOP_LAST if layout == "last" else _LOOP_FIRST).format(
-        SETUP="const double shift = (double)(%s)x[%s];\n" % (ct, first),
-        ADD="cfbn_stats_add((double)(%s)x[e], shift, &a1, &a2);" % ct)
-    return ("raw %s x, %s" % (xt, _LOOP_PARAMS[layout]), "float64 s1, float64 s2", body)
+    body = _loop(layout, "const double shift = (double)(%s)x[%s];\n" % (ct, first),
+                 "cfbn_stats_add((double)(%s)x[e], shift, &a1, &a2);" % ct)
+    return ("raw %s x, %s" % (xt, _LOOP_PARAMS[layout]), _sum_outputs(2), body)
+
+
+def _mean_setup(m):
+    # The thread's channel mean, split as the apply passes split it.
+    if m == "f":
+        return ("const float mhi = cfbn_mean_hi_f((double)mean[CH]);\n"
+                "const float mlo = cfbn_mean_lo_f((double)mean[CH]);\n")
+    return "const double mhi = mean[CH], mlo = 0.0;\n"
 
 
 def _gstats_spec(key, layout):
     sfx, xt, vt, ct, m = key
-    if m == "f":
-        setup = ("const float mhi = cfbn_mean_hi_f((double)mean[CH]);\n"
-                 "const float mlo = cfbn_mean_lo_f((double)mean[CH]);\n")
-    else:
-        setup = "const double mhi = mean[CH], mlo = 0.0;\n"
-    body = (_LOOP_LAST if layout == "last" else _LOOP_FIRST).format(
-        SETUP=setup,
-        ADD="cfbn_gstats_add_%s((%s)dy[e], (%s)x[e], mhi, mlo, &a1, &a2);" % (m, ct, ct))
+    body = _loop(layout, _mean_setup(m),
+                 "cfbn_gstats_add_%s((%s)dy[e], (%s)x[e], mhi, mlo, &a1, &a2);" % (m, ct, ct))
     return ("raw %s dy, raw %s x, raw %s mean, %s" % (xt, xt, vt, _LOOP_PARAMS[layout]),
-            "float64 s1, float64 s2", body)
+            _sum_outputs(2), body)
 
 
 def _gstats_act_spec(key, layout):
     """The gradient sums of g = dy * act'(pre) instead of dy."""
     sfx, xt, vt, ct, m = key
-    if m == "f":
-        setup = ("const float mhi = cfbn_mean_hi_f((double)mean[CH]);\n"
-                 "const float mlo = cfbn_mean_lo_f((double)mean[CH]);\n")
-    else:
-        setup = "const double mhi = mean[CH], mlo = 0.0;\n"
-    setup += ("const %s yac = ya[CH], ybc = yb[CH], aa = (%s)act_alpha;\n" % (ct, ct))
-    body = (_LOOP_LAST if layout == "last" else _LOOP_FIRST).format(
-        SETUP=setup,
-        ADD=("const %s xe = (%s)x[e];\n"
-             "    const %s g = cfbn_fused_g_%s(act_kind, aa, (%s)dy[e], xe, has_side, %s,\n"
-             "                                  mhi, mlo, yac, ybc);\n"
-             "    cfbn_gstats_add_%s(g, xe, mhi, mlo, &a1, &a2);"
-             % (ct, ct, ct, m, ct, _side_value(ct, "e"), m)))
+    setup = _mean_setup(m) + ("const %s yac = ya[CH], ybc = yb[CH], aa = (%s)act_alpha;\n"
+                              % (ct, ct))
+    body = _loop(layout, setup,
+                 "const %s xe = (%s)x[e];\n"
+                 "    const %s g = cfbn_fused_g_%s(act_kind, aa, (%s)dy[e], xe, has_side, %s,\n"
+                 "                                  mhi, mlo, yac, ybc);\n"
+                 "    cfbn_gstats_add_%s(g, xe, mhi, mlo, &a1, &a2);"
+                 % (ct, ct, ct, m, ct, _side_value(ct, "e"), m))
     return ("raw %s dy, raw %s x, raw %s side, raw %s mean, raw %s ya, raw %s yb, "
             "int32 act_kind, float64 act_alpha, int32 has_side, %s"
             % (xt, xt, xt, vt, vt, vt, _LOOP_PARAMS[layout]),
-            "float64 s1, float64 s2", body)
+            _sum_outputs(2), body)
+
+
+def _ggstats_spec(key, layout):
+    """The second-order gradient's five sums (cfbn_ggstats_add) of dy, x and ggx."""
+    sfx, xt, vt, ct, m = key
+    body = _loop(layout, _mean_setup(m),
+                 "cfbn_ggstats_add_%s((%s)dy[e], (%s)ggx[e], (%s)x[e], mhi, mlo, a);"
+                 % (m, ct, ct, ct), 5)
+    return ("raw %s dy, raw %s x, raw %s ggx, raw %s mean, %s"
+            % (xt, xt, xt, vt, _LOOP_PARAMS[layout]), _sum_outputs(5), body)
+
+
+def _ggapply_spec(key, layout):
+    """Training's ddy and dx in one pass (cfbn_grad_dx of ggx, cfbn_gg_dx)."""
+    sfx, xt, vt, ct, m = key
+    return ("%s dy, %s x, %s ggx, raw %s mhi, raw %s mlo, raw %s a1, raw %s b1, raw %s c1, "
+            "raw %s a2, raw %s b2, raw %s c2, raw %s e2, int64 C, int64 inner"
+            % ((xt,) * 3 + (vt,) * 9),
+            "%s ddy, %s dx" % (xt, xt),
+            "const long long c = %s;\n"
+            "const %s q = (%s)ggx, xe = (%s)x;\n"
+            "ddy = cfbn_grad_dx_%s(q, xe, mhi[c], mlo[c], a1[c], b1[c], c1[c]);\n"
+            "dx = cfbn_gg_dx_%s((%s)dy, q, xe, mhi[c], mlo[c], a2[c], b2[c], c2[c], e2[c]);"
+            % (_chan(layout), ct, ct, ct, m, m, ct))
 
 
 def _grad_prep_spec(key):
@@ -320,6 +356,27 @@ def _grad_finalize_spec(key):
             % ((vt,) * 7), body)
 
 
+def _gg_finalize_spec(key):
+    """scale_backprop and the ddy/dx parameters of the second-order gradient,
+    from the five sums (cfbn_grad_grad_params: the C driver's formulas)."""
+    sfx, xt, vt, ct, m = key
+    body = ("const double mu = (double)saved_mean;\n"
+            "const double r = cfbn_rstd((double)saved_variance, eps);\n"
+            "const double s[5] = {sums[i], sums[C + i], sums[2 * C + i], sums[3 * C + i],\n"
+            "                     sums[4 * C + i]};\n"
+            "double sbp, k[7];\n"
+            "cfbn_grad_grad_params(training, n, (double)scale, r, (double)ggscale,\n"
+            "                      (double)ggoffset, s, &sbp, k);\n"
+            "scale_backprop = sbp;\n"
+            "%s"
+            "a1 = k[0];\nb1 = k[1];\nc1 = k[2];\na2 = k[3];\nb2 = k[4];\nc2 = k[5];\ne2 = k[6];"
+            % _split_mean(m, "mhi", "mlo", "mu"))
+    return ("raw float64 sums, %s scale, %s saved_mean, %s saved_variance, %s ggscale, "
+            "%s ggoffset, int64 C, int64 n, float64 eps, int32 training" % ((vt,) * 5),
+            "%s scale_backprop, %s mhi, %s mlo, %s a1, %s b1, %s c1, %s a2, %s b2, %s c2, %s e2"
+            % ((vt,) * 10), body)
+
+
 def _all_specs():
     specs = {}
     for key in _TYPES.values():
@@ -333,6 +390,8 @@ def _all_specs():
             specs["cfbn_gstats_act_%s_%s" % (sfx, layout)] = _gstats_act_spec(key, layout)
             specs["cfbn_gapply_act_%s_%s" % (sfx, layout)] = _gapply_act_spec(key, layout, False)
             specs["cfbn_gapply_side_%s_%s" % (sfx, layout)] = _gapply_act_spec(key, layout, True)
+            specs["cfbn_ggstats_%s_%s" % (sfx, layout)] = _ggstats_spec(key, layout)
+            specs["cfbn_ggapply_%s_%s" % (sfx, layout)] = _ggapply_spec(key, layout)
         specs["cfbn_finalize_%s" % sfx] = _forward_finalize_spec(key)
         if sfx not in ("f16", "bf16"):
             # float16 and bfloat16 tensors have float32 vectors: they share
@@ -340,6 +399,7 @@ def _all_specs():
             specs["cfbn_infer_finalize_%s" % sfx] = _inference_finalize_spec(key)
             specs["cfbn_grad_finalize_%s" % sfx] = _grad_finalize_spec(key)
             specs["cfbn_grad_prep_%s" % sfx] = _grad_prep_spec(key)
+            specs["cfbn_gg_finalize_%s" % sfx] = _gg_finalize_spec(key)
     return specs
 
 
@@ -425,22 +485,24 @@ def _tensor(cupy, x):
     return cupy.ascontiguousarray(x), _TYPES[code][0]
 
 
-def _partial_sums(cupy, name, layout, outer, channels, inner, tensors):
-    """Per-channel (sum1, sum2) as one (2 * C,) float64 array."""
+def _partial_sums(cupy, name, layout, outer, channels, inner, tensors, nsums=2):
+    """Per-channel sums 1..nsums as one (nsums * C,) float64 array, sum k of
+    channel c at k * C + c."""
     total = outer * channels * inner
     if total == 0:
-        return cupy.zeros(2 * channels, np.float64)
+        return cupy.zeros(nsums * channels, np.float64)
     kind, p1, p2 = stats_plan(layout, outer, channels, inner)
     if kind == "last":
         width, pieces = p1, p2
-        part = cupy.empty((2, pieces * width), np.float64)
-        kernel(name)(*tensors, channels, width, pieces, total, part[0], part[1])
-        sums = part.reshape(2, -1, channels).sum(axis=1)
+        part = cupy.empty((nsums, pieces * width), np.float64)
+        kernel(name)(*tensors, channels, width, pieces, total, *(part[k] for k in range(nsums)))
+        sums = part.reshape(nsums, -1, channels).sum(axis=1)
     else:
         groups, lanes = p1, p2
-        part = cupy.empty((2, channels * groups * lanes), np.float64)
-        kernel(name)(*tensors, channels, inner, outer, groups, lanes, part[0], part[1])
-        sums = part.reshape(2, channels, groups * lanes).sum(axis=2)
+        part = cupy.empty((nsums, channels * groups * lanes), np.float64)
+        kernel(name)(*tensors, channels, inner, outer, groups, lanes,
+                     *(part[k] for k in range(nsums)))
+        sums = part.reshape(nsums, channels, groups * lanes).sum(axis=2)
     return sums.reshape(-1)
 
 
