@@ -1,4 +1,4 @@
-"""CuPy path: fused_batch_norm and its gradient on CuPy arrays.
+"""CuPy path: fused_batch_norm and its first and second gradients on CuPy arrays.
 
 cfbn._api sends a call here when `x` is a CuPy array.  The arithmetic is the
 C driver's, pass for pass, with the per-element and per-channel expressions
@@ -12,6 +12,11 @@ taken from csrc/bn_math.h (the kernels' preamble):
     apply     one thread per element: y = ((x - mhi) - mlo) * alpha + beta
 
 The gradient is the same three passes with its own sums and parameters.
+So is the second-order gradient (fused_batch_norm_grad_grad): five sums of
+dy, x and ggx, a finalize that calls bn_math.h's cfbn_grad_grad_params (the
+C driver's formulas), and one pass writing ddy and dx; in inference dx is
+the normalization pass of dy alone.  Without ggx it is the forward's and the
+gradient's passes with ggscale for scale, as the C driver computes it.
 
 A fused activation or side input (y = act(normalize(x) + side)) runs in the
 apply pass, through bn_math.h's cfbn_fused_y (the activations there are the
@@ -506,7 +511,7 @@ def _partial_sums(cupy, name, layout, outer, channels, inner, tensors, nsums=2):
     return sums.reshape(-1)
 
 
-# ---- the two entry points ----
+# ---- the entry points ----
 
 def _side_input(cupy, side_input, x, device):
     side = _device_array(cupy, side_input, "side_input", device)
@@ -678,3 +683,127 @@ def _backward(cupy, y_backprop, x, scale, reserve_space_1, reserve_space_2, epsi
             kernel("cfbn_apply_%s_%s" % (sfx, lname))(
                 dy.reshape(-1), b, b, a, b, channels, inner, dx.reshape(-1))
     return result_type(*outs)
+
+
+def grad_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2, grad_x_backprop,
+              grad_scale_backprop, grad_offset_backprop, epsilon, data_format, is_training,
+              n_threads, out):
+    """fused_batch_norm_grad_grad on CuPy arrays; arguments as
+    cfbn.fused_batch_norm_grad_grad."""
+    import cupy
+    if not isinstance(x, cupy.ndarray):
+        raise TypeError("x: expected a cupy.ndarray, got %s" % type(x).__name__)
+    with cupy.cuda.Device(x.device.id):
+        return _grad_grad(cupy, y_backprop, x, scale, reserve_space_1, reserve_space_2,
+                          grad_x_backprop, grad_scale_backprop, grad_offset_backprop, epsilon,
+                          data_format, is_training, n_threads, out)
+
+
+def _device_vector(cupy, v, name, channels, vdt, device):
+    v = _device_array(cupy, v, name, device)
+    _args.check_vector(v, name, channels, vdt)
+    return v
+
+
+def _grad_grad(cupy, y_backprop, x, scale, reserve_space_1, reserve_space_2, grad_x_backprop,
+               grad_scale_backprop, grad_offset_backprop, epsilon, data_format, is_training,
+               n_threads, out):
+    device = x.device.id
+    x, sfx = _tensor(cupy, x)
+    dy = _device_array(cupy, y_backprop, "y_backprop", device)
+    _args.check_dy(dy, x)
+    ggx = None
+    if grad_x_backprop is not None:
+        ggx = _device_array(cupy, grad_x_backprop, "grad_x_backprop", device)
+        _args.check_like_x(ggx, x, "grad_x_backprop")
+    layout, outer, channels, inner = _args.layout(data_format, x)
+    vdt = _args.DTYPES[x.dtype][1]
+    scale = _device_vector(cupy, scale, "scale", channels, vdt, device)
+    mu = _device_vector(cupy, reserve_space_1, "reserve_space_1", channels, vdt, device)
+    var = _device_vector(cupy, reserve_space_2, "reserve_space_2", channels, vdt, device)
+    ggs = ggo = None
+    if grad_scale_backprop is not None:
+        ggs = _device_vector(cupy, grad_scale_backprop, "grad_scale_backprop", channels, vdt,
+                             device)
+    if grad_offset_backprop is not None:
+        ggo = _device_vector(cupy, grad_offset_backprop, "grad_offset_backprop", channels, vdt,
+                             device)
+    eps = _args.epsilon(epsilon)
+    training = _args.flag(is_training, "is_training")
+    _args.threads(n_threads)
+    vshape = (channels,)
+    # No output may be an input's memory, as on the CPU: in inference ddy
+    # is written before the pass of dx reads dy.
+    ddy, dx, dscale = _outputs(
+        cupy, out, _args.BatchNormGradGrad._fields,
+        ((x.shape, x.dtype), (x.shape, x.dtype), (vshape, vdt)),
+        (("y_backprop", dy), ("x", x), ("scale", scale), ("reserve_space_1", mu),
+         ("reserve_space_2", var), ("grad_x_backprop", ggx), ("grad_scale_backprop", ggs),
+         ("grad_offset_backprop", ggo)), device, frozenset())
+    ggs = cupy.zeros(channels, vdt) if ggs is None else ggs
+    ggo = cupy.zeros(channels, vdt) if ggo is None else ggo
+    case = (layout, outer, channels, inner, sfx, training, eps)
+    flat = (dy.reshape(-1), x.reshape(-1), ddy.reshape(-1), dx.reshape(-1))
+    if ggx is None:
+        _gg_without_ggx(cupy, case, flat, mu, var, ggs, ggo, dscale)
+    else:
+        _gg_with_ggx(cupy, case, flat, ggx.reshape(-1), scale, mu, var, ggs, ggo, dscale)
+    return _args.BatchNormGradGrad(ddy, dx, dscale)
+
+
+def _gg_with_ggx(cupy, case, flat, q, scale, mu, var, ggs, ggo, dscale):
+    """The five sums, the parameters from them (cfbn_grad_grad_params), then
+    ddy and dx in one pass in training; in inference ddy and dx by separate
+    passes, dx from dy alone."""
+    layout, outer, channels, inner, sfx, training, eps = case
+    g, x, ddy, dx = flat
+    lname = LAYOUT_NAMES[layout]
+    sums = _partial_sums(cupy, "cfbn_ggstats_%s_%s" % (sfx, lname), layout, outer, channels,
+                         inner, (g, x, q, mu), 5)
+    mhi, mlo, a1, b1, c1, a2, b2, c2, e2 = params = cupy.empty((9, channels), mu.dtype)
+    kernel("cfbn_gg_finalize_%s" % ("f64" if sfx == "f64" else "f32"))(
+        sums, scale, mu, var, ggs, ggo, channels, outer * inner, eps, int(training), dscale,
+        *params)
+    if not x.size:
+        return
+    if training:
+        kernel("cfbn_ggapply_%s_%s" % (sfx, lname))(
+            g, x, q, mhi, mlo, a1, b1, c1, a2, b2, c2, e2, channels, inner, ddy, dx)
+        return
+    # ddy = ggx * a1 + (center(x) * b1 + c1) is the gradient's dx pass of
+    # ggx; dx = ggscale * r * dy does not depend on x or ggx (a NaN in them
+    # stays out of dx): the normalization of dy with mhi = mlo = beta = 0,
+    # which is b2 in inference.
+    kernel("cfbn_gapply_%s_%s" % (sfx, lname))(q, x, mhi, mlo, a1, b1, c1, channels, inner, ddy)
+    kernel("cfbn_apply_%s_%s" % (sfx, lname))(g, b2, b2, a2, b2, channels, inner, dx)
+
+
+def _gg_without_ggx(cupy, case, flat, mu, var, ggs, ggo, dscale):
+    """ggx = 0, as the C driver computes it: ddy = ggscale * r * (x - mean) +
+    ggoffset is the forward's normalization of x, dx the gradient's passes
+    with gamma = ggscale, and scale_backprop is 0."""
+    layout, outer, channels, inner, sfx, training, eps = case
+    g, x, ddy, dx = flat
+    vdt = mu.dtype
+    lname = LAYOUT_NAMES[layout]
+    vsfx = "f64" if sfx == "f64" else "f32"
+    dscale.fill(0)
+    if training:
+        sums = _partial_sums(cupy, "cfbn_gstats_%s_%s" % (sfx, lname), layout, outer, channels,
+                             inner, (g, x, mu))
+    else:
+        sums = cupy.zeros(2 * channels, np.float64)
+    gp = cupy.empty((7, channels), vdt)
+    kernel("cfbn_grad_finalize_%s" % vsfx)(sums, ggs, mu, var, channels, outer * inner, eps,
+                                           int(training), *gp)
+    ap = cupy.empty((8, channels), vdt)
+    kernel("cfbn_infer_finalize_%s" % vsfx)(mu, var, ggs, ggo, eps, *ap)
+    if not x.size:
+        return
+    mhi, mlo, a, b, c = gp[2:]
+    if training:
+        kernel("cfbn_gapply_%s_%s" % (sfx, lname))(g, x, mhi, mlo, a, b, c, channels, inner, dx)
+    else:
+        # from dy alone, as with ggx (b = c = 0 in inference)
+        kernel("cfbn_apply_%s_%s" % (sfx, lname))(g, b, b, a, b, channels, inner, dx)
+    kernel("cfbn_apply_%s_%s" % (sfx, lname))(x, *ap[4:], channels, inner, ddy)
