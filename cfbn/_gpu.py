@@ -1,4 +1,4 @@
-"""CuPy path: fused_batch_norm and its gradient on CuPy arrays.
+"""CuPy path: fused_batch_norm and its first and second gradients on CuPy arrays.
 
 cfbn._api sends a call here when `x` is a CuPy array.  The arithmetic is the
 C driver's, pass for pass, with the per-element and per-channel expressions
@@ -12,6 +12,11 @@ taken from csrc/bn_math.h (the kernels' preamble):
     apply     one thread per element: y = ((x - mhi) - mlo) * alpha + beta
 
 The gradient is the same three passes with its own sums and parameters.
+So is the second-order gradient (fused_batch_norm_grad_grad): five sums of
+dy, x and ggx, a finalize that calls bn_math.h's cfbn_grad_grad_params (the
+C driver's formulas), and one pass writing ddy and dx; in inference dx is
+the normalization pass of dy alone.  Without ggx it is the forward's and the
+gradient's passes with ggscale for scale, as the C driver computes it.
 
 A fused activation or side input (y = act(normalize(x) + side)) runs in the
 apply pass, through bn_math.h's cfbn_fused_y (the activations there are the
@@ -189,68 +194,104 @@ def _gapply_act_spec(key, layout, with_side):
 
 
 # Loop bodies of the stats passes over one thread's elements; `ADD(e)` is the
-# accumulation of element e and CH the thread's channel.
+# accumulation of element e into ACC's accumulators, CH the thread's channel,
+# and STORE writes the thread's sums.
 _LOOP_LAST = ("const long long CH = (i % W) % C;\n"
               "{SETUP}"
-              "double a1 = 0.0, a2 = 0.0;\n"
+              "{ACC}\n"
               "for (long long e = i; e < total; e += P * W) {{ {ADD} }}\n"
-              "s1 = a1;\ns2 = a2;")
+              "{STORE}")
 _LOOP_FIRST = ("const long long j = i % L, t = i / L;\n"
                "const long long CH = t / G;\n"
                "{SETUP}"
-               "double a1 = 0.0, a2 = 0.0;\n"
+               "{ACC}\n"
                "for (long long n = t % G; n < N; n += G) {{\n"
                "  const long long base = (n * C + CH) * S;\n"
                "  for (long long e = base + j; e < base + S; e += L) {{ {ADD} }}\n"
                "}}\n"
-               "s1 = a1;\ns2 = a2;")
+               "{STORE}")
+# Two sums in scalars (a1, a2 -> s1, s2); the second-order pass's five in an
+# array (a[0..5) -> s1..s5), as cfbn_ggstats_add and cfbn_grad_grad_params take them.
+_SUMS = {2: ("double a1 = 0.0, a2 = 0.0;", "s1 = a1;\ns2 = a2;"),
+         5: ("double a[5] = {0.0, 0.0, 0.0, 0.0, 0.0};",
+             "\n".join("s%d = a[%d];" % (k + 1, k) for k in range(5)))}
 _LOOP_PARAMS = {"last": "int64 C, int64 W, int64 P, int64 total",
                 "first": "int64 C, int64 S, int64 N, int64 G, int64 L"}
+
+
+def _loop(layout, setup, add, nsums=2):
+    acc, store = _SUMS[nsums]
+    return (_LOOP_LAST if layout == "last" else _LOOP_FIRST).format(
+        SETUP=setup, ADD=add, ACC=acc, STORE=store)
+
+
+def _sum_outputs(nsums):
+    return ", ".join("float64 s%d" % (k + 1) for k in range(nsums))
 
 
 def _stats_spec(key, layout):
     sfx, xt, vt, ct, m = key
     first = "CH * S" if layout == "first" else "CH"
-    body = (_LOOP_LAST if layout == "last" else _LOOP_FIRST).format(
-        SETUP="const double shift = (double)(%s)x[%s];\n" % (ct, first),
-        ADD="cfbn_stats_add((double)(%s)x[e], shift, &a1, &a2);" % ct)
-    return ("raw %s x, %s" % (xt, _LOOP_PARAMS[layout]), "float64 s1, float64 s2", body)
+    body = _loop(layout, "const double shift = (double)(%s)x[%s];\n" % (ct, first),
+                 "cfbn_stats_add((double)(%s)x[e], shift, &a1, &a2);" % ct)
+    return ("raw %s x, %s" % (xt, _LOOP_PARAMS[layout]), _sum_outputs(2), body)
+
+
+def _mean_setup(m):
+    # The thread's channel mean, split as the apply passes split it.
+    if m == "f":
+        return ("const float mhi = cfbn_mean_hi_f((double)mean[CH]);\n"
+                "const float mlo = cfbn_mean_lo_f((double)mean[CH]);\n")
+    return "const double mhi = mean[CH], mlo = 0.0;\n"
 
 
 def _gstats_spec(key, layout):
     sfx, xt, vt, ct, m = key
-    if m == "f":
-        setup = ("const float mhi = cfbn_mean_hi_f((double)mean[CH]);\n"
-                 "const float mlo = cfbn_mean_lo_f((double)mean[CH]);\n")
-    else:
-        setup = "const double mhi = mean[CH], mlo = 0.0;\n"
-    body = (_LOOP_LAST if layout == "last" else _LOOP_FIRST).format(
-        SETUP=setup,
-        ADD="cfbn_gstats_add_%s((%s)dy[e], (%s)x[e], mhi, mlo, &a1, &a2);" % (m, ct, ct))
+    body = _loop(layout, _mean_setup(m),
+                 "cfbn_gstats_add_%s((%s)dy[e], (%s)x[e], mhi, mlo, &a1, &a2);" % (m, ct, ct))
     return ("raw %s dy, raw %s x, raw %s mean, %s" % (xt, xt, vt, _LOOP_PARAMS[layout]),
-            "float64 s1, float64 s2", body)
+            _sum_outputs(2), body)
 
 
 def _gstats_act_spec(key, layout):
     """The gradient sums of g = dy * act'(pre) instead of dy."""
     sfx, xt, vt, ct, m = key
-    if m == "f":
-        setup = ("const float mhi = cfbn_mean_hi_f((double)mean[CH]);\n"
-                 "const float mlo = cfbn_mean_lo_f((double)mean[CH]);\n")
-    else:
-        setup = "const double mhi = mean[CH], mlo = 0.0;\n"
-    setup += ("const %s yac = ya[CH], ybc = yb[CH], aa = (%s)act_alpha;\n" % (ct, ct))
-    body = (_LOOP_LAST if layout == "last" else _LOOP_FIRST).format(
-        SETUP=setup,
-        ADD=("const %s xe = (%s)x[e];\n"
-             "    const %s g = cfbn_fused_g_%s(act_kind, aa, (%s)dy[e], xe, has_side, %s,\n"
-             "                                  mhi, mlo, yac, ybc);\n"
-             "    cfbn_gstats_add_%s(g, xe, mhi, mlo, &a1, &a2);"
-             % (ct, ct, ct, m, ct, _side_value(ct, "e"), m)))
+    setup = _mean_setup(m) + ("const %s yac = ya[CH], ybc = yb[CH], aa = (%s)act_alpha;\n"
+                              % (ct, ct))
+    body = _loop(layout, setup,
+                 "const %s xe = (%s)x[e];\n"
+                 "    const %s g = cfbn_fused_g_%s(act_kind, aa, (%s)dy[e], xe, has_side, %s,\n"
+                 "                                  mhi, mlo, yac, ybc);\n"
+                 "    cfbn_gstats_add_%s(g, xe, mhi, mlo, &a1, &a2);"
+                 % (ct, ct, ct, m, ct, _side_value(ct, "e"), m))
     return ("raw %s dy, raw %s x, raw %s side, raw %s mean, raw %s ya, raw %s yb, "
             "int32 act_kind, float64 act_alpha, int32 has_side, %s"
             % (xt, xt, xt, vt, vt, vt, _LOOP_PARAMS[layout]),
-            "float64 s1, float64 s2", body)
+            _sum_outputs(2), body)
+
+
+def _ggstats_spec(key, layout):
+    """The second-order gradient's five sums (cfbn_ggstats_add) of dy, x and ggx."""
+    sfx, xt, vt, ct, m = key
+    body = _loop(layout, _mean_setup(m),
+                 "cfbn_ggstats_add_%s((%s)dy[e], (%s)ggx[e], (%s)x[e], mhi, mlo, a);"
+                 % (m, ct, ct, ct), 5)
+    return ("raw %s dy, raw %s x, raw %s ggx, raw %s mean, %s"
+            % (xt, xt, xt, vt, _LOOP_PARAMS[layout]), _sum_outputs(5), body)
+
+
+def _ggapply_spec(key, layout):
+    """Training's ddy and dx in one pass (cfbn_grad_dx of ggx, cfbn_gg_dx)."""
+    sfx, xt, vt, ct, m = key
+    return ("%s dy, %s x, %s ggx, raw %s mhi, raw %s mlo, raw %s a1, raw %s b1, raw %s c1, "
+            "raw %s a2, raw %s b2, raw %s c2, raw %s e2, int64 C, int64 inner"
+            % ((xt,) * 3 + (vt,) * 9),
+            "%s ddy, %s dx" % (xt, xt),
+            "const long long c = %s;\n"
+            "const %s q = (%s)ggx, xe = (%s)x;\n"
+            "ddy = cfbn_grad_dx_%s(q, xe, mhi[c], mlo[c], a1[c], b1[c], c1[c]);\n"
+            "dx = cfbn_gg_dx_%s((%s)dy, q, xe, mhi[c], mlo[c], a2[c], b2[c], c2[c], e2[c]);"
+            % (_chan(layout), ct, ct, ct, m, m, ct))
 
 
 def _grad_prep_spec(key):
@@ -320,6 +361,27 @@ def _grad_finalize_spec(key):
             % ((vt,) * 7), body)
 
 
+def _gg_finalize_spec(key):
+    """scale_backprop and the ddy/dx parameters of the second-order gradient,
+    from the five sums (cfbn_grad_grad_params: the C driver's formulas)."""
+    sfx, xt, vt, ct, m = key
+    body = ("const double mu = (double)saved_mean;\n"
+            "const double r = cfbn_rstd((double)saved_variance, eps);\n"
+            "const double s[5] = {sums[i], sums[C + i], sums[2 * C + i], sums[3 * C + i],\n"
+            "                     sums[4 * C + i]};\n"
+            "double sbp, k[7];\n"
+            "cfbn_grad_grad_params(training, n, (double)scale, r, (double)ggscale,\n"
+            "                      (double)ggoffset, s, &sbp, k);\n"
+            "scale_backprop = sbp;\n"
+            "%s"
+            "a1 = k[0];\nb1 = k[1];\nc1 = k[2];\na2 = k[3];\nb2 = k[4];\nc2 = k[5];\ne2 = k[6];"
+            % _split_mean(m, "mhi", "mlo", "mu"))
+    return ("raw float64 sums, %s scale, %s saved_mean, %s saved_variance, %s ggscale, "
+            "%s ggoffset, int64 C, int64 n, float64 eps, int32 training" % ((vt,) * 5),
+            "%s scale_backprop, %s mhi, %s mlo, %s a1, %s b1, %s c1, %s a2, %s b2, %s c2, %s e2"
+            % ((vt,) * 10), body)
+
+
 def _all_specs():
     specs = {}
     for key in _TYPES.values():
@@ -333,6 +395,8 @@ def _all_specs():
             specs["cfbn_gstats_act_%s_%s" % (sfx, layout)] = _gstats_act_spec(key, layout)
             specs["cfbn_gapply_act_%s_%s" % (sfx, layout)] = _gapply_act_spec(key, layout, False)
             specs["cfbn_gapply_side_%s_%s" % (sfx, layout)] = _gapply_act_spec(key, layout, True)
+            specs["cfbn_ggstats_%s_%s" % (sfx, layout)] = _ggstats_spec(key, layout)
+            specs["cfbn_ggapply_%s_%s" % (sfx, layout)] = _ggapply_spec(key, layout)
         specs["cfbn_finalize_%s" % sfx] = _forward_finalize_spec(key)
         if sfx not in ("f16", "bf16"):
             # float16 and bfloat16 tensors have float32 vectors: they share
@@ -340,6 +404,7 @@ def _all_specs():
             specs["cfbn_infer_finalize_%s" % sfx] = _inference_finalize_spec(key)
             specs["cfbn_grad_finalize_%s" % sfx] = _grad_finalize_spec(key)
             specs["cfbn_grad_prep_%s" % sfx] = _grad_prep_spec(key)
+            specs["cfbn_gg_finalize_%s" % sfx] = _gg_finalize_spec(key)
     return specs
 
 
@@ -425,26 +490,28 @@ def _tensor(cupy, x):
     return cupy.ascontiguousarray(x), _TYPES[code][0]
 
 
-def _partial_sums(cupy, name, layout, outer, channels, inner, tensors):
-    """Per-channel (sum1, sum2) as one (2 * C,) float64 array."""
+def _partial_sums(cupy, name, layout, outer, channels, inner, tensors, nsums=2):
+    """Per-channel sums 1..nsums as one (nsums * C,) float64 array, sum k of
+    channel c at k * C + c."""
     total = outer * channels * inner
     if total == 0:
-        return cupy.zeros(2 * channels, np.float64)
+        return cupy.zeros(nsums * channels, np.float64)
     kind, p1, p2 = stats_plan(layout, outer, channels, inner)
     if kind == "last":
         width, pieces = p1, p2
-        part = cupy.empty((2, pieces * width), np.float64)
-        kernel(name)(*tensors, channels, width, pieces, total, part[0], part[1])
-        sums = part.reshape(2, -1, channels).sum(axis=1)
+        part = cupy.empty((nsums, pieces * width), np.float64)
+        kernel(name)(*tensors, channels, width, pieces, total, *(part[k] for k in range(nsums)))
+        sums = part.reshape(nsums, -1, channels).sum(axis=1)
     else:
         groups, lanes = p1, p2
-        part = cupy.empty((2, channels * groups * lanes), np.float64)
-        kernel(name)(*tensors, channels, inner, outer, groups, lanes, part[0], part[1])
-        sums = part.reshape(2, channels, groups * lanes).sum(axis=2)
+        part = cupy.empty((nsums, channels * groups * lanes), np.float64)
+        kernel(name)(*tensors, channels, inner, outer, groups, lanes,
+                     *(part[k] for k in range(nsums)))
+        sums = part.reshape(nsums, channels, groups * lanes).sum(axis=2)
     return sums.reshape(-1)
 
 
-# ---- the two entry points ----
+# ---- the entry points ----
 
 def _side_input(cupy, side_input, x, device):
     side = _device_array(cupy, side_input, "side_input", device)
@@ -616,3 +683,127 @@ def _backward(cupy, y_backprop, x, scale, reserve_space_1, reserve_space_2, epsi
             kernel("cfbn_apply_%s_%s" % (sfx, lname))(
                 dy.reshape(-1), b, b, a, b, channels, inner, dx.reshape(-1))
     return result_type(*outs)
+
+
+def grad_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2, grad_x_backprop,
+              grad_scale_backprop, grad_offset_backprop, epsilon, data_format, is_training,
+              n_threads, out):
+    """fused_batch_norm_grad_grad on CuPy arrays; arguments as
+    cfbn.fused_batch_norm_grad_grad."""
+    import cupy
+    if not isinstance(x, cupy.ndarray):
+        raise TypeError("x: expected a cupy.ndarray, got %s" % type(x).__name__)
+    with cupy.cuda.Device(x.device.id):
+        return _grad_grad(cupy, y_backprop, x, scale, reserve_space_1, reserve_space_2,
+                          grad_x_backprop, grad_scale_backprop, grad_offset_backprop, epsilon,
+                          data_format, is_training, n_threads, out)
+
+
+def _device_vector(cupy, v, name, channels, vdt, device):
+    v = _device_array(cupy, v, name, device)
+    _args.check_vector(v, name, channels, vdt)
+    return v
+
+
+def _grad_grad(cupy, y_backprop, x, scale, reserve_space_1, reserve_space_2, grad_x_backprop,
+               grad_scale_backprop, grad_offset_backprop, epsilon, data_format, is_training,
+               n_threads, out):
+    device = x.device.id
+    x, sfx = _tensor(cupy, x)
+    dy = _device_array(cupy, y_backprop, "y_backprop", device)
+    _args.check_dy(dy, x)
+    ggx = None
+    if grad_x_backprop is not None:
+        ggx = _device_array(cupy, grad_x_backprop, "grad_x_backprop", device)
+        _args.check_like_x(ggx, x, "grad_x_backprop")
+    layout, outer, channels, inner = _args.layout(data_format, x)
+    vdt = _args.DTYPES[x.dtype][1]
+    scale = _device_vector(cupy, scale, "scale", channels, vdt, device)
+    mu = _device_vector(cupy, reserve_space_1, "reserve_space_1", channels, vdt, device)
+    var = _device_vector(cupy, reserve_space_2, "reserve_space_2", channels, vdt, device)
+    ggs = ggo = None
+    if grad_scale_backprop is not None:
+        ggs = _device_vector(cupy, grad_scale_backprop, "grad_scale_backprop", channels, vdt,
+                             device)
+    if grad_offset_backprop is not None:
+        ggo = _device_vector(cupy, grad_offset_backprop, "grad_offset_backprop", channels, vdt,
+                             device)
+    eps = _args.epsilon(epsilon)
+    training = _args.flag(is_training, "is_training")
+    _args.threads(n_threads)
+    vshape = (channels,)
+    # No output may be an input's memory, as on the CPU: in inference ddy
+    # is written before the pass of dx reads dy.
+    ddy, dx, dscale = _outputs(
+        cupy, out, _args.BatchNormGradGrad._fields,
+        ((x.shape, x.dtype), (x.shape, x.dtype), (vshape, vdt)),
+        (("y_backprop", dy), ("x", x), ("scale", scale), ("reserve_space_1", mu),
+         ("reserve_space_2", var), ("grad_x_backprop", ggx), ("grad_scale_backprop", ggs),
+         ("grad_offset_backprop", ggo)), device, frozenset())
+    ggs = cupy.zeros(channels, vdt) if ggs is None else ggs
+    ggo = cupy.zeros(channels, vdt) if ggo is None else ggo
+    case = (layout, outer, channels, inner, sfx, training, eps)
+    flat = (dy.reshape(-1), x.reshape(-1), ddy.reshape(-1), dx.reshape(-1))
+    if ggx is None:
+        _gg_without_ggx(cupy, case, flat, mu, var, ggs, ggo, dscale)
+    else:
+        _gg_with_ggx(cupy, case, flat, ggx.reshape(-1), scale, mu, var, ggs, ggo, dscale)
+    return _args.BatchNormGradGrad(ddy, dx, dscale)
+
+
+def _gg_with_ggx(cupy, case, flat, q, scale, mu, var, ggs, ggo, dscale):
+    """The five sums, the parameters from them (cfbn_grad_grad_params), then
+    ddy and dx in one pass in training; in inference ddy and dx by separate
+    passes, dx from dy alone."""
+    layout, outer, channels, inner, sfx, training, eps = case
+    g, x, ddy, dx = flat
+    lname = LAYOUT_NAMES[layout]
+    sums = _partial_sums(cupy, "cfbn_ggstats_%s_%s" % (sfx, lname), layout, outer, channels,
+                         inner, (g, x, q, mu), 5)
+    mhi, mlo, a1, b1, c1, a2, b2, c2, e2 = params = cupy.empty((9, channels), mu.dtype)
+    kernel("cfbn_gg_finalize_%s" % ("f64" if sfx == "f64" else "f32"))(
+        sums, scale, mu, var, ggs, ggo, channels, outer * inner, eps, int(training), dscale,
+        *params)
+    if not x.size:
+        return
+    if training:
+        kernel("cfbn_ggapply_%s_%s" % (sfx, lname))(
+            g, x, q, mhi, mlo, a1, b1, c1, a2, b2, c2, e2, channels, inner, ddy, dx)
+        return
+    # ddy = ggx * a1 + (center(x) * b1 + c1) is the gradient's dx pass of
+    # ggx; dx = ggscale * r * dy does not depend on x or ggx (a NaN in them
+    # stays out of dx): the normalization of dy with mhi = mlo = beta = 0,
+    # which is b2 in inference.
+    kernel("cfbn_gapply_%s_%s" % (sfx, lname))(q, x, mhi, mlo, a1, b1, c1, channels, inner, ddy)
+    kernel("cfbn_apply_%s_%s" % (sfx, lname))(g, b2, b2, a2, b2, channels, inner, dx)
+
+
+def _gg_without_ggx(cupy, case, flat, mu, var, ggs, ggo, dscale):
+    """ggx = 0, as the C driver computes it: ddy = ggscale * r * (x - mean) +
+    ggoffset is the forward's normalization of x, dx the gradient's passes
+    with gamma = ggscale, and scale_backprop is 0."""
+    layout, outer, channels, inner, sfx, training, eps = case
+    g, x, ddy, dx = flat
+    vdt = mu.dtype
+    lname = LAYOUT_NAMES[layout]
+    vsfx = "f64" if sfx == "f64" else "f32"
+    dscale.fill(0)
+    if training:
+        sums = _partial_sums(cupy, "cfbn_gstats_%s_%s" % (sfx, lname), layout, outer, channels,
+                             inner, (g, x, mu))
+    else:
+        sums = cupy.zeros(2 * channels, np.float64)
+    gp = cupy.empty((7, channels), vdt)
+    kernel("cfbn_grad_finalize_%s" % vsfx)(sums, ggs, mu, var, channels, outer * inner, eps,
+                                           int(training), *gp)
+    ap = cupy.empty((8, channels), vdt)
+    kernel("cfbn_infer_finalize_%s" % vsfx)(mu, var, ggs, ggo, eps, *ap)
+    if not x.size:
+        return
+    mhi, mlo, a, b, c = gp[2:]
+    if training:
+        kernel("cfbn_gapply_%s_%s" % (sfx, lname))(g, x, mhi, mlo, a, b, c, channels, inner, dx)
+    else:
+        # from dy alone, as with ggx (b = c = 0 in inference)
+        kernel("cfbn_apply_%s_%s" % (sfx, lname))(g, b, b, a, b, channels, inner, dx)
+    kernel("cfbn_apply_%s_%s" % (sfx, lname))(x, *ap[4:], channels, inner, ddy)

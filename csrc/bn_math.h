@@ -11,6 +11,7 @@
  *               is near the mean (Sterbenz), so |mean| >> std keeps precision
  *   normalize   y  = center(x) * alpha + beta
  *   grad_dx     dx = dy * a + (center(x) * b + c)
+ *   gg_dx       second-order dx = g * a2 + (q * b2 + (center(x) * c2 + e2))
  *   act         the fused activations and their derivatives (the C kernels'
  *               definition too, through bn_act.h)
  *   fused_y     y = act(normalize(x) + side)
@@ -88,6 +89,44 @@ CFBN_INLINE void cfbn_gstats_add_d(double dy, double x, double mhi, double mlo, 
 {
     *s1 += dy;
     *s2 += dy * cfbn_center_d(x, mhi, mlo);
+}
+
+/* Second-order gradient: the five sums of cfbn_grad_grad_params, s[0..5) +=
+ * g, g * d, q, q * d, q * g with d = center(x) (g = dy, q = ggx), centered in
+ * the compute type and multiplied in double, as the gradient's sums. */
+CFBN_INLINE void cfbn_ggstats_add_f(float g, float q, float x, float mhi, float mlo, double *s)
+{
+    double d = (double)cfbn_center_f(x, mhi, mlo), gd = (double)g, qd = (double)q;
+    s[0] += gd;
+    s[1] += gd * d;
+    s[2] += qd;
+    s[3] += qd * d;
+    s[4] += qd * gd;
+}
+
+CFBN_INLINE void cfbn_ggstats_add_d(double g, double q, double x, double mhi, double mlo, double *s)
+{
+    double d = cfbn_center_d(x, mhi, mlo);
+    s[0] += g;
+    s[1] += g * d;
+    s[2] += q;
+    s[3] += q * d;
+    s[4] += q * g;
+}
+
+/* The second-order x_backprop, dx = g * a2 + (q * b2 + (center(x) * c2 + e2)),
+ * with cfbn_grad_grad_params' a2, b2, c2, e2.  Its y_backprop_backprop,
+ * q * a1 + (center(x) * b1 + c1), is cfbn_grad_dx of q with a1, b1, c1. */
+CFBN_INLINE float cfbn_gg_dx_f(float g, float q, float x, float mhi, float mlo, float a2, float b2,
+                               float c2, float e2)
+{
+    return g * a2 + (q * b2 + (cfbn_center_f(x, mhi, mlo) * c2 + e2));
+}
+
+CFBN_INLINE double cfbn_gg_dx_d(double g, double q, double x, double mhi, double mlo, double a2,
+                                double b2, double c2, double e2)
+{
+    return g * a2 + (q * b2 + (cfbn_center_d(x, mhi, mlo) * c2 + e2));
 }
 
 /* ---- per channel ---- */

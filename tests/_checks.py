@@ -301,21 +301,28 @@ def check_forward(got, x, scale, offset, mean, variance, *, epsilon, data_format
     return ref
 
 
-def grad_bounds(dy, x, scale, mu, var, *, epsilon, data_format, is_training):
-    """Error bounds for every gradient output."""
-    u = unit(x.dtype)
+def _gradient_terms(x, mu, var, epsilon, data_format):
+    """What the gradient bounds start from: the reduced axes, their element
+    count n, a per-channel broadcaster, r = 1 / sqrt(var + eps) and the size
+    of x_hat = (x - mu) * r as rounding sees it."""
     xd = np.asarray(x, dtype=np.float64)
-    dyd = np.abs(np.asarray(dy, dtype=np.float64))
     axes = reference.reduce_axes(data_format, xd.ndim)
-    n = int(np.prod([xd.shape[a] for a in axes]))
+    n = int(np.prod([xd.shape[k] for k in axes]))
 
     def bc(v):
         return per_channel_view(v, data_format, xd.ndim)
 
     mu = np.asarray(mu, np.float64)
     r = 1.0 / np.sqrt(np.asarray(var, np.float64) + epsilon)
-    # size of x_hat = (x - mu) * r as rounding sees it
     a = bc(r) * (np.abs(xd) + np.abs(bc(mu)) + np.abs(xd - bc(mu)))
+    return axes, n, bc, r, a
+
+
+def grad_bounds(dy, x, scale, mu, var, *, epsilon, data_format, is_training):
+    """Error bounds for every gradient output."""
+    u = unit(x.dtype)
+    dyd = np.abs(np.asarray(dy, dtype=np.float64))
+    axes, n, bc, r, a = _gradient_terms(x, mu, var, epsilon, data_format)
     s1 = np.sum(dyd, axis=axes)
     s2 = np.sum(dyd * a, axis=axes)
     g = np.abs(bc(scale)) * bc(r)
@@ -345,4 +352,44 @@ def check_grad(got, dy, x, scale, mu, var, *, epsilon, data_format, is_training)
     for name in ("scale_backprop", "offset_backprop"):
         assert_close(name, getattr(got, name), getattr(ref, name), bounds[name],
                      vector_dtype(x.dtype))
+    return ref
+
+
+def grad_grad_bounds(dy, x, scale, mu, var, ggx, ggs, ggo, *, epsilon, data_format,
+                     is_training):
+    """Error bounds for every second-order gradient output (None: zeros)."""
+    u = unit(x.dtype)
+    g = np.abs(np.asarray(dy, dtype=np.float64))
+    q = np.zeros(g.shape) if ggx is None else np.abs(np.asarray(ggx, dtype=np.float64))
+    axes, n, bc, r, a = _gradient_terms(x, mu, var, epsilon, data_format)
+    gs, go = (np.zeros(r.shape) if v is None else np.abs(np.asarray(v, np.float64))
+              for v in (ggs, ggo))
+    gr = np.abs(np.asarray(scale, np.float64)) * r
+    if n == 0:
+        return dict.fromkeys(("y_backprop_backprop", "x_backprop", "scale_backprop"), 0.0)
+    if is_training:
+        # the five means as their terms' sizes: <g>, <g a>, <q>, <q a>, <q g>
+        G, Ga, Q, Qa, QG = (bc(np.mean(v, axis=axes)) for v in (g, g * a, q, q * a, q * g))
+        ddy = bc(gr) * (q + Q + a * Qa) + bc(gs) * a + bc(go)
+        dx = (bc(gr * r) * (a * (Q * G + 3 * Ga * Qa + QG) + Qa * (g + G) + Ga * (q + Q))
+              + bc(gs * r) * (g + G + a * Ga))
+        sbp = n * r * (QG + Q * G + Qa * Ga).reshape(-1)
+    else:
+        ddy = bc(gr) * q + bc(gs) * a + bc(go)
+        dx = bc(gs * r) * g
+        sbp = r * np.sum(q * g, axis=axes)
+    return {"y_backprop_backprop": 8 * u * ddy, "x_backprop": 8 * u * dx,
+            "scale_backprop": 8 * u * sbp}
+
+
+def check_grad_grad(got, dy, x, scale, mu, var, ggx, ggs, ggo, *, epsilon, data_format,
+                    is_training):
+    """Compare a cfbn second-order gradient with the float64 reference; return the reference."""
+    kw = dict(epsilon=epsilon, data_format=data_format, is_training=is_training)
+    ref = reference.fused_batch_norm_grad_grad(dy, x, scale, mu, var, ggx, ggs, ggo, **kw)
+    bounds = grad_grad_bounds(dy, x, scale, mu, var, ggx, ggs, ggo, **kw)
+    for name in ("y_backprop_backprop", "x_backprop"):
+        assert_close(name, getattr(got, name), getattr(ref, name), bounds[name], x.dtype)
+    assert_close("scale_backprop", got.scale_backprop, ref.scale_backprop,
+                 bounds["scale_backprop"], vector_dtype(x.dtype))
     return ref

@@ -4,7 +4,9 @@ The header is compiled with the system C compiler into a small shared
 library; the CuPy path's passes (cfbn._gpu: its stats plan, then finalize,
 then apply) are replayed with those functions and NumPy, and compared with
 cfbn.reference.  The fused activation and side input are replayed the same
-way (cfbn_fused_y, cfbn_fused_g) and held to test_activation.py's bounds.
+way (cfbn_fused_y, cfbn_fused_g) and held to test_activation.py's bounds, and
+so is the second-order gradient (cfbn_ggstats_add, cfbn_grad_grad_params,
+cfbn_gg_dx), to check_grad_grad's.
 No GPU or CuPy needed.
 """
 import ctypes
@@ -19,8 +21,9 @@ import pytest
 import cfbn
 from _act_checks import (ALPHA, FUSIONS, check_fused_forward, check_fused_grad, fusion_id,
                          make_case)
-from _checks import (BFLOAT16, DTYPES, LAYOUTS, SHAPES, check_forward, check_grad, make_shape,
-                     random_vectors, random_x, seed_of, vector_dtype)
+from _checks import (BFLOAT16, DTYPES, LAYOUTS, SHAPES, check_forward, check_grad,
+                     check_grad_grad, make_shape, random_vectors, random_x, seed_of,
+                     vector_dtype)
 from cfbn import _args, _gpu, reference
 
 # bn_math.h needs enum cfbn_activation declared first: the declaration the
@@ -98,6 +101,35 @@ void fused_g_d(long long count, const double *dy, const double *x, const double 
 /* cfbn_grad_prep's ya = scale * rstd */
 void grad_ya(long long count, const double *gamma, const double *var, double eps, double *out)
 { LOOP out[i] = gamma[i] * cfbn_rstd(var[i], eps); }
+/* second order: one channel's five sums */
+void ggstats_f(long long count, const float *g, const float *q, const float *x, float mhi,
+               float mlo, double *s)
+{ for (int k = 0; k < 5; k++) s[k] = 0.0;
+  LOOP cfbn_ggstats_add_f(g[i], q[i], x[i], mhi, mlo, s); }
+void ggstats_d(long long count, const double *g, const double *q, const double *x, double mhi,
+               double *s)
+{ for (int k = 0; k < 5; k++) s[k] = 0.0;
+  LOOP cfbn_ggstats_add_d(g[i], q[i], x[i], mhi, 0.0, s); }
+/* out: scale_bp, a1, b1, c1, a2, b2, c2, e2 (8 x C); sums: five of C */
+void gg_params(long long count, int training, long long n, const double *gamma,
+               const double *var, double eps, const double *ggs, const double *ggo,
+               const double *sums, double *out)
+{ LOOP { double s[5], k[7];
+         for (int j = 0; j < 5; j++) s[j] = sums[j * count + i];
+         cfbn_grad_grad_params(training, n, gamma[i], cfbn_rstd(var[i], eps), ggs[i], ggo[i], s,
+                               &out[i], k);
+         for (int j = 0; j < 7; j++) out[(j + 1) * count + i] = k[j]; } }
+/* p: mhi, mlo, a2, b2, c2, e2 */
+void ggdx_f(long long count, const float *g, const float *q, const float *x, float *dx,
+            const float *p, long long C, long long inner, int first)
+{ LOOP { long long c = chan(i, C, inner, first);
+         dx[i] = cfbn_gg_dx_f(g[i], q[i], x[i], p[c], p[C + c], p[2 * C + c], p[3 * C + c],
+                              p[4 * C + c], p[5 * C + c]); } }
+void ggdx_d(long long count, const double *g, const double *q, const double *x, double *dx,
+            const double *p, long long C, long long inner, int first)
+{ LOOP { long long c = chan(i, C, inner, first);
+         dx[i] = cfbn_gg_dx_d(g[i], q[i], x[i], p[c], p[C + c], p[2 * C + c], p[3 * C + c],
+                              p[4 * C + c], p[5 * C + c]); } }
 """
 
 CC = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
@@ -150,13 +182,18 @@ def _fused_args(act, alpha, side, comp):
     return code, a, side
 
 
-def emulate_forward(lib, x, v, *, epsilon, data_format, is_training, factor, act=None,
-                    alpha=None, side=None):
+def _types(x, data_format):
+    """x contiguous, its layout (code, outer, channels, inner), the vector
+    dtype, whether the compute type is float, and the compute type."""
     xc = np.ascontiguousarray(x)
-    layout, outer, channels, inner = _args.layout(data_format, xc)
     vdt = vector_dtype(x.dtype)
     f32 = vdt == np.float32
-    comp = np.float32 if f32 else np.float64
+    return xc, _args.layout(data_format, xc), vdt, f32, np.float32 if f32 else np.float64
+
+
+def emulate_forward(lib, x, v, *, epsilon, data_format, is_training, factor, act=None,
+                    alpha=None, side=None):
+    xc, (layout, outer, channels, inner), vdt, f32, comp = _types(x, data_format)
     flat = xc.reshape(-1).astype(comp)
     n = outer * inner
     d = lambda a: np.ascontiguousarray(a, np.float64)  # noqa: E731
@@ -198,11 +235,7 @@ def emulate_forward(lib, x, v, *, epsilon, data_format, is_training, factor, act
 
 def emulate_grad(lib, dy, x, scale, mu, var, *, epsilon, data_format, is_training, offset=None,
                  act=None, alpha=None, side=None):
-    xc = np.ascontiguousarray(x)
-    layout, outer, channels, inner = _args.layout(data_format, xc)
-    vdt = vector_dtype(x.dtype)
-    f32 = vdt == np.float32
-    comp = np.float32 if f32 else np.float64
+    xc, (layout, outer, channels, inner), vdt, f32, comp = _types(x, data_format)
     n = outer * inner
     xf = xc.reshape(outer, channels, inner).astype(comp)
     gf = np.ascontiguousarray(dy).reshape(outer, channels, inner).astype(comp)
@@ -258,6 +291,51 @@ def emulate_grad(lib, dy, x, scale, mu, var, *, epsilon, data_format, is_trainin
     return reference.BatchNormGrad(*result)
 
 
+def emulate_grad_grad(lib, dy, x, scale, mu, var, ggx, ggs, ggo, *, epsilon, data_format,
+                      is_training):
+    """cfbn._gpu's second-order passes with ggx: the five sums (partialled as
+    planned), cfbn_grad_grad_params, then ddy = cfbn_grad_dx of ggx and
+    dx = cfbn_gg_dx in training, dx = the normalization of dy in inference."""
+    xc, (layout, outer, channels, inner), vdt, f32, comp = _types(x, data_format)
+    n = outer * inner
+    flat = [np.ascontiguousarray(a).reshape(-1).astype(comp) for a in (dy, xc, ggx)]
+    g, xf, q = flat
+    mu64 = np.asarray(mu, np.float64)
+    hi = mu64.astype(comp)
+    lo = (mu64 - hi.astype(np.float64)).astype(comp)
+    shape3 = (outer, channels, inner)
+    d = ((xf.reshape(shape3) - hi[None, :, None]) - lo[None, :, None]).astype(np.float64)
+    g64, q64 = g.reshape(shape3).astype(np.float64), q.reshape(shape3).astype(np.float64)
+    sums = np.ascontiguousarray(np.concatenate([
+        _plan_sums(layout, outer, channels, inner, v.reshape(-1))
+        for v in (g64, g64 * d, q64, q64 * d, q64 * g64)]))
+    vec = lambda a: np.ascontiguousarray(a, np.float64)  # noqa: E731
+    zero = np.zeros(channels)
+    out = np.empty(8 * channels)
+    lib.gg_params(ctypes.c_longlong(channels), ctypes.c_int(int(is_training)),
+                  ctypes.c_longlong(n), _p(vec(scale)), _p(vec(var)), ctypes.c_double(epsilon),
+                  _p(vec(zero if ggs is None else ggs)), _p(vec(zero if ggo is None else ggo)),
+                  _p(sums), _p(out))
+    k = out.reshape(8, channels)[1:].astype(comp)
+    args = (ctypes.c_longlong(channels), ctypes.c_longlong(max(inner, 1)), ctypes.c_int(layout))
+    ddy, dx = np.empty_like(xf), np.empty_like(xf)
+    fn = lib.gapply_f if f32 else lib.gapply_d
+    fn(ctypes.c_longlong(xf.size), _p(q), _p(xf), _p(ddy),
+       _p(np.ascontiguousarray(np.stack([hi, lo, k[0], k[1], k[2]]))), *args)
+    if is_training:
+        fn = lib.ggdx_f if f32 else lib.ggdx_d
+        fn(ctypes.c_longlong(xf.size), _p(g), _p(q), _p(xf), _p(dx),
+           _p(np.ascontiguousarray(np.stack([hi, lo, k[3], k[4], k[5], k[6]]))), *args)
+    else:
+        z = np.zeros(channels, comp)
+        fn = lib.apply_f if f32 else lib.apply_d
+        fn(ctypes.c_longlong(xf.size), _p(g), _p(dx),
+           _p(np.ascontiguousarray(np.stack([z, z, k[3], z]))), *args)
+    return reference.BatchNormGradGrad(ddy.astype(x.dtype).reshape(x.shape),
+                                       dx.astype(x.dtype).reshape(x.shape),
+                                       out[:channels].astype(vdt))
+
+
 @pytest.mark.parametrize("dims", SHAPES + [(64, 4096, 3), (2, 70000, 2)], ids=str)
 @pytest.mark.parametrize("data_format", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -275,10 +353,17 @@ def test_gpu_formulas_forward(lib, dtype, data_format, dims, is_training):
                       exponential_avg_factor=f, **kw)
 
 
-@pytest.mark.parametrize("dims", SHAPES + [(64, 4096, 3)], ids=str)
-@pytest.mark.parametrize("data_format", LAYOUTS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("is_training", [True, False], ids=["train", "infer"])
+def grad_cases(test):
+    """The gradients' cases: every shape, layout and dtype, training and inference."""
+    for mark in (pytest.mark.parametrize("is_training", [True, False], ids=["train", "infer"]),
+                 pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name),
+                 pytest.mark.parametrize("data_format", LAYOUTS),
+                 pytest.mark.parametrize("dims", SHAPES + [(64, 4096, 3)], ids=str)):
+        test = mark(test)
+    return test
+
+
+@grad_cases
 def test_gpu_formulas_grad(lib, dtype, data_format, dims, is_training):
     rng = np.random.default_rng(seed_of("bn_math-grad", dtype, data_format, dims, is_training))
     shape = make_shape(data_format, *dims)
@@ -288,6 +373,47 @@ def test_gpu_formulas_grad(lib, dtype, data_format, dims, is_training):
     kw = dict(epsilon=1e-3, data_format=data_format, is_training=is_training)
     got = emulate_grad(lib, dy, x, v["scale"], v["mean"], v["variance"], **kw)
     check_grad(got, dy, x, v["scale"], v["mean"], v["variance"], **kw)
+
+
+@grad_cases
+def test_gpu_formulas_grad_grad(lib, dtype, data_format, dims, is_training):
+    rng = np.random.default_rng(seed_of("bn_math-gg", dtype, data_format, dims, is_training))
+    shape = make_shape(data_format, *dims)
+    x = random_x(rng, shape, data_format, dtype)
+    dy, ggx = (random_x(rng, shape, data_format, dtype, loc=0.0, std=1.0) for _ in range(2))
+    v, w = random_vectors(rng, dims[2], dtype), random_vectors(rng, dims[2], dtype)
+    args = (dy, x, v["scale"], v["mean"], v["variance"], ggx, w["scale"], w["offset"])
+    kw = dict(epsilon=1e-3, data_format=data_format, is_training=is_training)
+    got = emulate_grad_grad(lib, *args, **kw)
+    check_grad_grad(got, *args, **kw)
+    cpu = cfbn.fused_batch_norm_grad_grad(*args, **kw)
+    tol = {np.dtype(np.float16): 1e-2, BFLOAT16: 4e-2,
+           np.dtype(np.float32): 1e-5}.get(np.dtype(dtype), 1e-12)
+    for a, b in zip(got, cpu):
+        b = b.astype(np.float64)
+        scale = max(1.0, float(np.max(np.abs(b)))) if b.size else 1.0
+        np.testing.assert_allclose(a.astype(np.float64), b, rtol=tol, atol=tol * scale)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+def test_ggstats_add_sums(lib, dtype):
+    """cfbn_ggstats_add's five sums: centered in the compute type, products in double."""
+    rng = np.random.default_rng(seed_of("bn_math-ggstats", np.dtype(dtype).name))
+    g, q, x = (rng.standard_normal(1000).astype(dtype) for _ in range(3))
+    m = 0.3
+    s = np.empty(5)
+    if dtype == np.float32:
+        mhi = np.float32(m)
+        mlo = np.float32(m - float(mhi))
+        lib.ggstats_f(ctypes.c_longlong(x.size), _p(g), _p(q), _p(x), ctypes.c_float(mhi),
+                      ctypes.c_float(mlo), _p(s))
+        d = ((x - mhi) - mlo).astype(np.float64)
+    else:
+        lib.ggstats_d(ctypes.c_longlong(x.size), _p(g), _p(q), _p(x), ctypes.c_double(m), _p(s))
+        d = x - m
+    g64, q64 = g.astype(np.float64), q.astype(np.float64)
+    want = [np.sum(v) for v in (g64, g64 * d, q64, q64 * d, q64 * g64)]
+    np.testing.assert_allclose(s, want, rtol=1e-12, atol=1e-12)
 
 
 def test_large_mean_float32(lib):

@@ -13,8 +13,8 @@ import pytest
 import cfbn
 from _act_checks import (ACTIVATIONS, ALPHA, FUSIONS, KINKS, check_fused_forward,
                          check_fused_grad, fusion_id, make_case)
-from _checks import (BFLOAT16, DTYPES, LAYOUTS, check_forward, check_grad, make_shape,
-                     random_vectors, random_x, seed_of, vector_dtype)
+from _checks import (BFLOAT16, DTYPES, LAYOUTS, check_forward, check_grad, check_grad_grad,
+                     make_shape, random_vectors, random_x, seed_of, vector_dtype)
 
 try:
     import cupy
@@ -264,6 +264,220 @@ def test_fused_errors_match_cpu_wording():
         cfbn.fused_batch_norm_grad(x, x, s, s, s, side_input=x, out=(None, None, None), **kw)
 
 
+# ---- second-order gradient ----
+
+def _gg_case(dtype, data_format, dims, is_training, with_ggx):
+    """(args of fused_batch_norm_grad_grad as NumPy arrays, its keywords)."""
+    rng = np.random.default_rng(seed_of("gpu-gg", dtype, data_format, dims, is_training,
+                                        with_ggx))
+    shape = make_shape(data_format, *dims)
+    x = random_x(rng, shape, data_format, dtype)
+    dy = random_x(rng, shape, data_format, dtype, loc=0.0, std=1.0)
+    ggx = random_x(rng, shape, data_format, dtype, loc=0.0, std=1.0) if with_ggx else None
+    v = random_vectors(rng, dims[2], dtype)
+    w = random_vectors(rng, dims[2], dtype)
+    args = (dy, x, v["scale"], v["mean"], v["variance"], ggx, w["scale"], w["offset"])
+    return args, dict(epsilon=1e-3, data_format=data_format, is_training=is_training)
+
+
+def _dev(args):
+    return [None if a is None else cupy.asarray(a) for a in args]
+
+
+def assert_near_cpu(got, cpu, dtype):
+    """GPU against CPU, relative to each output's largest value: the two
+    round differently (FMA contraction, the order of the sums), and the
+    second-order outputs cancel where their terms do."""
+    tol = cpu_tolerance(dtype)
+    for name, g, c in zip(cfbn.BatchNormGradGrad._fields, got, cpu):
+        c = c.astype(np.float64)
+        scale = max(1.0, float(np.max(np.abs(c)))) if c.size else 1.0
+        np.testing.assert_allclose(g.astype(np.float64), c, rtol=tol, atol=tol * scale,
+                                   err_msg=name)
+
+
+@needs_gpu
+@pytest.mark.parametrize("with_ggx", [True, False], ids=["ggx", "no_ggx"])
+@pytest.mark.parametrize("dims", GPU_SHAPES, ids=str)
+@pytest.mark.parametrize("data_format", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("is_training", [True, False], ids=["train", "infer"])
+def test_grad_grad_matches_reference_and_cpu(dtype, data_format, dims, is_training, with_ggx):
+    args, kw = _gg_case(dtype, data_format, dims, is_training, with_ggx)
+    got = cfbn.fused_batch_norm_grad_grad(*_dev(args), **kw)
+    assert type(got) is cfbn.BatchNormGradGrad
+    assert all(isinstance(a, cupy.ndarray) for a in got)
+    host = to_host(got)
+    check_grad_grad(host, *args, **kw)
+    assert_near_cpu(host, cfbn.fused_batch_norm_grad_grad(*args, **kw), dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("is_training", [True, False], ids=["train", "infer"])
+def test_grad_grad_none_means_zeros(dtype, is_training):
+    args, kw = _gg_case(dtype, "NCHW", (3, 33, 17), is_training, True)
+    dev = _dev(args)
+    zeros = cupy.zeros_like(dev[6])
+    # None vectors are zeros for the same kernels: the same numbers
+    for i in (6, 7):
+        want = cfbn.fused_batch_norm_grad_grad(*dev[:i], zeros, *dev[i + 1:], **kw)
+        got = cfbn.fused_batch_norm_grad_grad(*dev[:i], None, *dev[i + 1:], **kw)
+        for g, w in zip(got, want):
+            cupy.testing.assert_array_equal(g, w)
+    # ggx None takes other passes (the C driver's), with ggx zeros' values
+    # and a scale_backprop of exactly 0
+    none = to_host(cfbn.fused_batch_norm_grad_grad(*dev[:5], None, *dev[6:], **kw))
+    zero = to_host(cfbn.fused_batch_norm_grad_grad(*dev[:5], cupy.zeros_like(dev[1]), *dev[6:],
+                                                   **kw))
+    assert_near_cpu(none, zero, dtype)
+    assert not none.scale_backprop.any()
+    assert_near_cpu(none, cfbn.fused_batch_norm_grad_grad(*args[:5], None, *args[6:], **kw),
+                    dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("with_ggx", [True, False], ids=["ggx", "no_ggx"])
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+def test_grad_grad_inference_dx_from_dy_alone(data_format, with_ggx):
+    """dx = ggscale * r * dy: a NaN in x or ggx stays out of it (and of the
+    other channels), as on the CPU."""
+    args, kw = _gg_case(np.float32, data_format, (2, 7, 3), False, with_ggx)
+    args = list(args)
+    axis = 1 if data_format == "NCHW" else -1
+    x = args[1].copy()
+    np.moveaxis(x, axis, -1)[0, 0, 1, 1] = np.nan
+    args[1] = x
+    if with_ggx:
+        q = args[5].copy()
+        np.moveaxis(q, axis, -1)[1, 0, 0, 2] = np.nan
+        args[5] = q
+    got = to_host(cfbn.fused_batch_norm_grad_grad(*_dev(args), **kw))
+    assert np.isfinite(got.x_backprop).all()
+    cpu = cfbn.fused_batch_norm_grad_grad(*args, **kw)
+    np.testing.assert_allclose(got.x_backprop, cpu.x_backprop, rtol=1e-6, atol=1e-6)
+    want = np.isnan(args[1]) | (np.isnan(args[5]) if with_ggx else False)
+    np.testing.assert_array_equal(np.isnan(got.y_backprop_backprop), want)
+    np.testing.assert_array_equal(np.isnan(got.scale_backprop), np.isnan(cpu.scale_backprop))
+
+
+@needs_gpu
+def test_grad_grad_one_element_per_channel_and_empty_batch():
+    for dims in [(1, 1, 5), (0, 7, 8)]:
+        for is_training in (True, False):
+            args, kw = _gg_case(np.float32, "NHWC", dims, is_training, True)
+            host = to_host(cfbn.fused_batch_norm_grad_grad(*_dev(args), **kw))
+            check_grad_grad(host, *args, **kw)
+            if dims[0] == 0:
+                assert host.y_backprop_backprop.shape == args[1].shape
+                np.testing.assert_array_equal(host.scale_backprop, 0.0)
+    # one element that is its channel's mean: dx is exactly 0 and ddy ggoffset
+    args, kw = _gg_case(np.float32, "NC", (1, 1, 5), True, True)
+    args = list(args)
+    args[3] = args[1][0].copy()
+    host = to_host(cfbn.fused_batch_norm_grad_grad(*_dev(args), **kw))
+    np.testing.assert_array_equal(host.x_backprop, 0.0)
+    np.testing.assert_array_equal(host.y_backprop_backprop[0], args[7])
+
+
+@needs_gpu
+def test_grad_grad_out():
+    args, kw = _gg_case(np.float32, "NHWC", (2, 9, 6), True, True)
+    dev = _dev(args)
+    want = cfbn.fused_batch_norm_grad_grad(*dev, **kw)
+    ddy = cupy.full(dev[1].shape, cupy.nan, np.float32)
+    sbp = cupy.full(6, cupy.nan, np.float32)
+    got = cfbn.fused_batch_norm_grad_grad(*dev, out={"y_backprop_backprop": ddy,
+                                                     "scale_backprop": sbp}, **kw)
+    assert got.y_backprop_backprop is ddy and got.scale_backprop is sbp
+    for g, w in zip(got, want):
+        cupy.testing.assert_array_equal(g, w)
+    got = cfbn.fused_batch_norm_grad_grad(*dev, out=(None, ddy, None), **kw)
+    assert got.x_backprop is ddy
+    cupy.testing.assert_array_equal(ddy, want.x_backprop)
+
+
+@needs_gpu
+@pytest.mark.parametrize("field,name,index", [
+    ("x_backprop", "y_backprop", 0), ("y_backprop_backprop", "x", 1),
+    ("x_backprop", "grad_x_backprop", 5), ("scale_backprop", "scale", 2),
+    ("scale_backprop", "grad_offset_backprop", 7)])
+def test_grad_grad_refuses_outputs_in_inputs(field, name, index):
+    """No in-place pairs: an output may not be, nor overlap, any input."""
+    args, kw = _gg_case(np.float32, "NHWC", (2, 9, 6), True, True)
+    dev = _dev(args)
+    with pytest.raises(ValueError, match=r"out\[%r\]: is the memory of input %s"
+                       % (field, name)):
+        cfbn.fused_batch_norm_grad_grad(*dev, out={field: dev[index]}, **kw)
+    # the input and the output one element apart in one buffer
+    a = dev[index]
+    buf = cupy.empty(a.size + 1, a.dtype)
+    buf[:-1] = a.reshape(-1)
+    dev[index] = buf[:-1].reshape(a.shape)
+    with pytest.raises(ValueError, match=r"out\[%r\]: partly overlaps input %s"
+                       % (field, name)):
+        cfbn.fused_batch_norm_grad_grad(*dev, out={field: buf[1:].reshape(a.shape)}, **kw)
+
+
+def _error_of(call):
+    try:
+        call()
+    except (TypeError, ValueError) as exc:
+        return type(exc), str(exc)
+    raise AssertionError("no error")
+
+
+@needs_gpu
+def test_grad_grad_errors_match_cpu():
+    """Each bad argument gives the CPU path's error, type and message."""
+    args, kw = _gg_case(np.float32, "NHWC", (2, 9, 6), True, True)
+    f64 = [a.astype(np.float64) for a in args]
+    bad = {
+        "grad_x_backprop dtype": (5, f64[5]),
+        "grad_x_backprop shape": (5, args[5][:1]),
+        "y_backprop dtype": (0, f64[0]),
+        "scale shape": (2, args[2][:5]),
+        "reserve_space_2 dtype": (4, f64[4]),
+        "grad_scale_backprop shape": (6, np.ones(7, np.float32)),
+        "grad_offset_backprop dtype": (7, f64[7]),
+    }
+    for what, (i, value) in bad.items():
+        cpu_args, gpu_args = list(args), _dev(args)
+        cpu_args[i], gpu_args[i] = value, cupy.asarray(value)
+        want = _error_of(lambda: cfbn.fused_batch_norm_grad_grad(*cpu_args, **kw))
+        got = _error_of(lambda: cfbn.fused_batch_norm_grad_grad(*gpu_args, **kw))
+        assert got == want, what
+        assert want[1].startswith(what.split()[0] + ":"), want
+    dev = _dev(args)
+    wrong = cupy.empty(dev[1].shape, np.float64)
+    for kwargs in ({"data_format": "NCHW"}, {"epsilon": -1.0}, {"is_training": 1},
+                   {"n_threads": 0}, {"out": (None, None)}, {"out": {"x_backprop": wrong}},
+                   {"out": {"dx": wrong}}):
+        gpu_kw = dict(kw, **kwargs)
+        cpu_kw = dict(gpu_kw)
+        if isinstance(kwargs.get("out"), dict):
+            cpu_kw["out"] = {k: cupy.asnumpy(v) for k, v in kwargs["out"].items()}
+        want = _error_of(lambda: cfbn.fused_batch_norm_grad_grad(*args, **cpu_kw))
+        got = _error_of(lambda: cfbn.fused_batch_norm_grad_grad(*dev, **gpu_kw))
+        assert got == want, kwargs
+
+
+@needs_gpu
+def test_grad_grad_host_arrays_are_named():
+    args, kw = _gg_case(np.float32, "NHWC", (2, 9, 6), True, True)
+    for i, name in [(0, "y_backprop"), (5, "grad_x_backprop"), (2, "scale"),
+                    (3, "reserve_space_1"), (6, "grad_scale_backprop"),
+                    (7, "grad_offset_backprop")]:
+        dev = _dev(args)
+        dev[i] = args[i]
+        with pytest.raises(TypeError, match=r"^%s: got numpy.ndarray \(host memory\), but x "
+                           r"is a CuPy array" % name):
+            cfbn.fused_batch_norm_grad_grad(*dev, **kw)
+    with pytest.raises(TypeError, match=r"out\['x_backprop'\]: got numpy.ndarray"):
+        cfbn.fused_batch_norm_grad_grad(*_dev(args), out={"x_backprop": np.empty_like(args[1])},
+                                        **kw)
+
+
 # ---- dispatch: no GPU needed ----
 
 class _FakeCupyArray:
@@ -291,6 +505,10 @@ def test_mixed_numpy_and_cupy_names_the_argument():
         cfbn.fused_batch_norm_grad(_FakeCupyArray(), x, s, s, s)
     with pytest.raises(TypeError, match=r"out\['y'\]: got a CuPy array"):
         cfbn.fused_batch_norm(x, s, s, out={"y": _FakeCupyArray()})
+    with pytest.raises(TypeError, match=r"grad_x_backprop: got a CuPy array, but x is a NumPy"):
+        cfbn.fused_batch_norm_grad_grad(x, x, s, s, s, _FakeCupyArray())
+    with pytest.raises(TypeError, match=r"grad_offset_backprop: got a CuPy array, but x is a"):
+        cfbn.fused_batch_norm_grad_grad(x, x, s, s, s, x, s, _FakeCupyArray())
 
 
 def test_numpy_calls_never_import_cupy():
@@ -299,5 +517,7 @@ def test_numpy_calls_never_import_cupy():
             "cfbn.fused_batch_norm(x, s, s)\n"
             "cfbn.fused_batch_norm(x, s, s, out={'y': np.empty_like(x)})\n"
             "cfbn.fused_batch_norm_grad(x, x, s, s, s)\n"
+            "cfbn.fused_batch_norm_grad_grad(x, x, s, s, s, x, s, s)\n"
+            "cfbn.fused_batch_norm_grad_grad(x, x, s, s, s, None, is_training=False)\n"
             "assert not any(m == 'cupy' or m.startswith('cupy.') for m in sys.modules)\n")
     subprocess.run([sys.executable, "-c", code], check=True)

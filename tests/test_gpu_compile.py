@@ -108,9 +108,26 @@ def nvrtc_ptx(src, name, arch):
 def test_every_kernel_is_named_and_listed():
     names = sorted(_gpu.KERNEL_SPECS)
     assert all(re.fullmatch(r"cfbn_[a-z0-9_]+", n) for n in names)
-    # 4 plain passes and 4 fused ones (apply_act, gstats_act, gapply_act, gapply_side)
-    # x 4 dtypes x 2 layouts; 4 forward finalizers; 3 kernels by vector dtype x 2
-    assert len(names) == 8 * 4 * 2 + 4 + 3 * 2
+    # 4 plain passes, 4 fused ones (apply_act, gstats_act, gapply_act, gapply_side)
+    # and 2 second-order ones (ggstats, ggapply) x 4 dtypes x 2 layouts; 4 forward
+    # finalizers; 4 kernels by vector dtype (infer_finalize, grad_finalize,
+    # grad_prep, gg_finalize) x 2
+    assert len(names) == 10 * 4 * 2 + 4 + 4 * 2
+
+
+def test_second_order_kernels_for_every_dtype_and_layout():
+    """cfbn._gpu.grad_grad's kernels, so that test_kernel_compiles covers each."""
+    for sfx in ("f32", "f64", "f16", "bf16"):
+        for layout in ("last", "first"):
+            for kind in ("ggstats", "ggapply", "gstats", "gapply", "apply"):
+                assert "cfbn_%s_%s_%s" % (kind, sfx, layout) in _gpu.KERNEL_SPECS
+    for vsfx in ("f32", "f64"):
+        for kind in ("gg_finalize", "grad_finalize", "infer_finalize"):
+            assert "cfbn_%s_%s" % (kind, vsfx) in _gpu.KERNEL_SPECS
+    # the five sums are the outputs of the stats pass, in cfbn_grad_grad_params' order
+    assert _gpu.KERNEL_SPECS["cfbn_ggstats_f32_last"][1] == (
+        "float64 s1, float64 s2, float64 s3, float64 s4, float64 s5")
+    assert "cfbn_grad_grad_params(" in _gpu.KERNEL_SPECS["cfbn_gg_finalize_f32"][2]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -132,12 +149,18 @@ def test_kernel_compiles(name, idx32, arch):
 def test_header_compiles_alone_under_nvrtc(arch):
     src = ('#include "cfbn_bn_math.h"\n'
            'extern "C" __global__ void cfbn_probe(const float *x, float *y, double *s) {\n'
-           '  double a = 0.0, b = 0.0, m, v;\n'
+           '  double a = 0.0, b = 0.0, m, v, gs[5] = {0.0, 0.0, 0.0, 0.0, 0.0}, sbp, k[7];\n'
            '  cfbn_stats_add((double)x[0], 1.0, &a, &b);\n'
            '  cfbn_moments(1.0, a, b, 1, &m, &v);\n'
            '  y[0] = cfbn_normalize_f(x[0], cfbn_mean_hi_f(m), cfbn_mean_lo_f(m), 1.f, 0.f);\n'
            '  s[0] = cfbn_grad_dx_d(1.0, 2.0, m, 0.0, v, 1.0, 0.0);\n'
            '  s[1] = (double)cfbn_channel_first(threadIdx.x, 3, 5);\n'
+           '  cfbn_ggstats_add_f(x[0], x[1], x[2], 0.f, 0.f, gs);\n'
+           '  cfbn_ggstats_add_d(s[0], s[1], 2.0, m, 0.0, gs);\n'
+           '  cfbn_grad_grad_params((int)threadIdx.x & 1, 7, 1.5, 0.5, 0.25, 0.125, gs, &sbp, k);\n'
+           '  y[9] = cfbn_gg_dx_f(x[0], x[1], x[2], 0.f, 0.f, (float)k[3], (float)k[4], (float)k[5],\n'
+           '                      (float)k[6]);\n'
+           '  s[10] = sbp + cfbn_gg_dx_d(s[0], s[1], 2.0, m, 0.0, k[3], k[4], k[5], k[6]);\n'
            '  for (int k = CFBN_ACT_NONE; k <= CFBN_ACT_SILU; k++) {\n'
            '    y[1 + k] = cfbn_fused_y_f(k, 0.2f, x[1], 1, x[2], 0.f, 0.f, 1.f, 0.f)\n'
            '               + cfbn_fused_g_f(k, 0.2f, x[3], x[1], 1, x[2], 0.f, 0.f, 1.f, 0.f);\n'
