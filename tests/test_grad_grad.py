@@ -13,6 +13,7 @@ from _checks import (
     LAYOUTS,
     SHAPES,
     Unmodified,
+    check_grad_grad,
     make_shape,
     nan_like,
     random_vectors,
@@ -20,7 +21,7 @@ from _checks import (
     seed_of,
     vector_dtype,
 )
-from _gg_checks import GG_FIELDS, check_grad_grad, torch_grad_grad
+from _gg_checks import GG_FIELDS, torch_grad_grad
 
 EPS = 1e-3
 # which of (ggx, ggscale, ggoffset) are given
@@ -79,7 +80,7 @@ def test_matches_reference(isa, data_format, dtype, is_training, shape_case, giv
     assert isinstance(res, cfbn.BatchNormGradGrad)
     for got, buf in zip(res, out):
         assert got is buf
-    check_grad_grad(res, args, epsilon=EPS, data_format=data_format, is_training=is_training)
+    check_grad_grad(res, *args, epsilon=EPS, data_format=data_format, is_training=is_training)
     if shape_case[0] == 0:
         assert res.x_backprop.size == 0 and np.all(res.scale_backprop == 0)
 
@@ -91,7 +92,7 @@ def test_matches_reference(isa, data_format, dtype, is_training, shape_case, giv
 @pytest.mark.parametrize("data_format", ["NHWC", "NCHW", "NC"])
 def test_hard_data(isa, data_format, dtype, is_training):
     args = list(make_case(data_format, dtype, (3, 33, 17), is_training, loc=1e4, std=1e-1))
-    check_grad_grad(call(args, data_format, is_training), args, epsilon=EPS,
+    check_grad_grad(call(args, data_format, is_training), *args, epsilon=EPS,
                     data_format=data_format, is_training=is_training)
 
 
@@ -105,7 +106,7 @@ def test_large(isa, data_format, dtype, shape_case):
     args = make_case(data_format, dtype, shape_case, True)
     out = buffers(args[1], shape_case[2])
     res = call(args, data_format, True, out=out, n_threads=2)
-    check_grad_grad(res, args, epsilon=EPS, data_format=data_format, is_training=True)
+    check_grad_grad(res, *args, epsilon=EPS, data_format=data_format, is_training=True)
 
 
 @pytest.mark.parametrize("given", UPSTREAM, ids=upstream_id)
@@ -158,7 +159,7 @@ def test_inference_x_backprop_ignores_x_and_ggx(isa, data_format):
     args[5].flat[::5] = np.nan
     res = call(args, data_format, False)
     assert np.all(np.isfinite(res.x_backprop))
-    check_grad_grad(res, args, epsilon=EPS, data_format=data_format, is_training=False)
+    check_grad_grad(res, *args, epsilon=EPS, data_format=data_format, is_training=False)
 
 
 @pytest.mark.parametrize("is_training", [True, False], ids=["train", "infer"])
