@@ -522,3 +522,14 @@ def test_outputs_own_their_memory():
     y = ct.BatchNorm2d(3)(x)
     assert y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
     assert _bridge.empty_like(x).stride() == y.stride()
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_export_records_the_operator(training):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), ct.BatchNorm2d(4, activation="relu"))
+    model.train(training)
+    twin = copy.deepcopy(model)
+    x = torch.randn(2, 3, 6, 6)
+    program = torch.export.export(twin, (x,))
+    assert "torch.ops.cfbn.batch_norm.default" in program.graph_module.code
+    torch.testing.assert_close(program.module()(x), model(x))
