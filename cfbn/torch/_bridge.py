@@ -210,8 +210,11 @@ def _vector_or(v, vdt, x_dtype, name, channels, value):
 def _prepare(x):
     """(x in the layout cfbn computes it in, vector dtype, channels, layout kind)."""
     vdt = check_input(x)
-    kind = kind_of(x)
-    return in_layout(x, kind), vdt, x.shape[1], kind
+    kind = layout_kind(x)
+    if kind is None:
+        kind = FIRST
+        x = x.contiguous()
+    return x, vdt, x.shape[1], kind
 
 
 def _running_pair(running_mean, running_var):
@@ -360,27 +363,88 @@ def double_backward(grad_out, x, weight, save_mean, save_var, gg_input, gg_weigh
     return ddy, dx, _grad_vector(dscale, weight)
 
 
-def backward_of_backward(double_backward_fn, grad_out, x, weight, save_mean, save_var, options,
-                         gg_input, gg_weight, gg_bias, gg_side):
-    """The gradient of `backward` for the autograd formulas: (grad of
-    grad_out, of x, of weight) by `double_backward_fn` (the operator or
-    `double_backward`).  `options` are (training, eps, activation, whether
-    there was a side input).  save_mean and save_var get no gradient: in
-    training their dependence on x is inside x's gradient (the kernels
-    differentiate the batch statistics), and in inference they are constants.
+def _activation_derivatives(z, activation, alpha):
+    """(act'(z), act''(z) or None where it is 0 almost everywhere), with
+    cfbn's derivatives at the kinks: relu'(0) = relu6'(0) = relu6'(6) = 0,
+    leaky_relu'(0) = elu'(0) = alpha."""
+    _, alpha = _args.activation(activation, alpha)
+    if activation == "relu":
+        return (z > 0).to(z.dtype), None
+    if activation == "relu6":
+        return ((z > 0) & (z < 6)).to(z.dtype), None
+    if activation == "leaky_relu":
+        return torch.where(z > 0, torch.ones_like(z), torch.full_like(z, alpha)), None
+    if activation == "elu":
+        e = torch.where(z > 0, 0.0, alpha * torch.exp(torch.clamp(z, max=0.0)))
+        return torch.where(z > 0, 1.0, e), e
+    if activation == "sigmoid":
+        sg = torch.sigmoid(z)
+        d = sg * (1 - sg)
+        return d, d * (1 - 2 * sg)
+    if activation == "tanh":
+        t = torch.tanh(z)
+        d = 1 - t * t
+        return d, -2 * t * d
+    # silu: z * sigmoid(z)
+    sg = torch.sigmoid(z)
+    return sg * (1 + z * (1 - sg)), sg * (1 - sg) * (2 + z * (1 - 2 * sg))
+
+
+def _pre_activation(x, weight, bias, save_mean, save_var, eps, side_input):
+    """The normalized value plus the side input, before the activation, in
+    the vector dtype (torch operations: it is differentiated no further)."""
+    vdt = save_mean.dtype
+    shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
+    z = (x.to(vdt) - save_mean.view(shape)) * torch.rsqrt(save_var + eps).view(shape)
+    if weight is not None:
+        z = z * weight.to(vdt).view(shape)
+    if bias is not None:
+        z = z + bias.to(vdt).view(shape)
+    if side_input is not None:
+        z = z + side_input.to(vdt)
+    return z
+
+
+def backward_of_backward(double_backward_fn, backward_fn, saved, options, gg_input, gg_weight,
+                         gg_bias, gg_side):
+    """The gradient of `backward` for the autograd formulas.
+
+    `saved` is backward's (grad_out, x, weight, bias, save_mean, save_var,
+    side_input), `options` its (training, eps, activation, alpha), and the
+    gg_* the upstream gradients of its outputs (None for zeros).  Returns the
+    gradients of grad_out, x, weight, bias and side_input (the last two None
+    where they are zero), computed by `double_backward_fn` and `backward_fn`
+    (the operators, or `double_backward` and `backward`).
+
+    With an activation, backward is the plain gradient of dz = grad_out *
+    act'(z) at the pre-activation z: the plain second derivative at dz, and
+    through act'(z) a first-order term, the plain gradient of
+    ddz * grad_out * act''(z) (for the relu family act'' is 0).  save_mean
+    and save_var get no gradient: in training their dependence on x is
+    inside x's gradient (the kernels differentiate the batch statistics), in
+    inference they are constants.
     """
-    training, eps, activation, with_side = options
+    grad_out, x, weight, bias, save_mean, save_var, side_input = saved
+    training, eps, activation, alpha = options
+    dz = grad_out
     if activation is not None:
-        raise NotImplementedError(
-            "cfbn.torch: the second derivative of batch norm with a fused activation (%r) is "
-            "not implemented; use activation=None and apply the activation separately"
-            % activation)
-    ddy, dx, dweight = double_backward_fn(grad_out, x, weight, save_mean, save_var, gg_input,
+        z = _pre_activation(x, weight, bias, save_mean, save_var, eps, side_input)
+        d1, d2 = _activation_derivatives(z, activation, alpha)
+        dz = (grad_out * d1).to(x.dtype)
+    ddz, dx, dweight = double_backward_fn(dz, x, weight, save_mean, save_var, gg_input,
                                           gg_weight, gg_bias, training, eps)
-    if with_side and gg_side is not None:
-        # grad_side_input is grad_out itself: its upstream gradient passes to grad_out.
-        ddy = ddy + gg_side
-    return ddy, dx, dweight
+    if side_input is not None and gg_side is not None:
+        # grad_side_input is dz itself: its upstream gradient passes to dz.
+        ddz = ddz + gg_side
+    if activation is None:
+        return ddz, dx, dweight, None, None
+    ddy = (ddz * d1).to(x.dtype)
+    if d2 is None:
+        return ddy, dx, dweight, None, None
+    gz = (ddz * grad_out * d2).to(x.dtype)
+    dx_z, dweight_z, dbias, _ = backward_fn(gz, x, weight, bias, save_mean, save_var, training,
+                                            eps, None, None, None)
+    return ddy, dx + dx_z, dweight + dweight_z, dbias, gz if side_input is not None else None
 
 
 def check_activation(activation, alpha):

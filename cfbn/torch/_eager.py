@@ -23,8 +23,9 @@ class BatchNormFunction(torch.autograd.Function):
     """cfbn::batch_norm with the running statistics updated in place."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, side_input, training, factor,
-                eps, activation, alpha):
+    def forward(ctx, x, weight, bias, running_mean, running_var, side_input, options):
+        # the non-tensor arguments in one tuple: apply() inspects every argument
+        training, factor, eps, activation, alpha = options
         y, save_mean, save_var, _, _ = _bridge.forward(
             x, weight, bias, running_mean, running_var, training, factor, eps, activation,
             alpha, side_input, True)
@@ -43,8 +44,7 @@ class BatchNormFunction(torch.autograd.Function):
         if torch.is_grad_enabled():
             # create_graph=True: the gradient itself must be differentiable.
             grads = BatchNormBackwardFunction.apply(grad_out, x, weight, bias, side_input,
-                                                    save_mean, save_var, training, eps,
-                                                    activation, alpha)
+                                                    save_mean, save_var, ctx.options)
             dx, dweight, dbias = grads[:3]
             dside = grads[3] if side_input is not None else None
         else:
@@ -53,22 +53,21 @@ class BatchNormFunction(torch.autograd.Function):
                                                          alpha, side_input)
         need = ctx.needs_input_grad
         return (dx if need[0] else None, dweight if need[1] else None,
-                dbias if need[2] else None, None, None, dside if need[5] else None,
-                None, None, None, None, None)
+                dbias if need[2] else None, None, None, dside if need[5] else None, None)
 
 
 class BatchNormBackwardFunction(torch.autograd.Function):
-    """cfbn::batch_norm_backward, differentiable once more (no activation)."""
+    """cfbn::batch_norm_backward, differentiable once more."""
 
     @staticmethod
-    def forward(ctx, grad_out, x, weight, bias, side_input, save_mean, save_var, training, eps,
-                activation, alpha):
+    def forward(ctx, grad_out, x, weight, bias, side_input, save_mean, save_var, options):
+        training, eps, activation, alpha = options
         dx, dweight, dbias, dside = _bridge.backward(grad_out, x, weight, bias, save_mean,
                                                      save_var, training, eps, activation, alpha,
                                                      side_input)
-        ctx.save_for_backward(grad_out, x, weight)
+        ctx.save_for_backward(grad_out, x, weight, bias, side_input)
         ctx.stats = (save_mean, save_var)
-        ctx.options = (training, eps, activation, side_input is not None)
+        ctx.options = options
         ctx.set_materialize_grads(False)
         if dside is None:
             return dx, dweight, dbias
@@ -77,11 +76,12 @@ class BatchNormBackwardFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, gg_input, gg_weight, gg_bias, gg_side=None):
-        grad_out, x, weight = ctx.saved_tensors
+        grad_out, x, weight, bias, side_input = ctx.saved_tensors
         save_mean, save_var = ctx.stats
-        ddy, dx, dweight = _bridge.backward_of_backward(
-            _bridge.double_backward, grad_out, x, weight, save_mean, save_var, ctx.options,
-            gg_input, gg_weight, gg_bias, gg_side)
+        saved = (grad_out, x, weight, bias, save_mean, save_var, side_input)
+        ddy, dx, dweight, dbias, dside = _bridge.backward_of_backward(
+            _bridge.double_backward, _bridge.backward, saved, ctx.options, gg_input, gg_weight,
+            gg_bias, gg_side)
         need = ctx.needs_input_grad
         return (ddy if need[0] else None, dx if need[1] else None, dweight if need[2] else None,
-                None, None, None, None, None, None, None, None)
+                dbias if need[3] else None, dside if need[4] else None, None, None, None)

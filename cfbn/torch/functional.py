@@ -65,7 +65,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     -----
     The per-channel tensors are float32 for float16 and bfloat16 input, or
     the input's dtype (a module moved to that dtype), as PyTorch's CPU
-    kernels accept.  Differentiable twice (with activation=None), in eager
+    kernels accept.  Differentiable twice, in eager
     mode and under ``torch.compile``, where the call is the operator
     ``torch.ops.cfbn.batch_norm`` (see cfbn.torch.ops).
     """
@@ -86,7 +86,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
                                     or (bias is not None and bias.requires_grad)
                                     or (side_input is not None and side_input.requires_grad)):
         return _eager.BatchNormFunction.apply(input, weight, bias, running_mean, running_var,
-                                              side_input, training, factor, eps, activation,
-                                              alpha)
+                                              side_input, (training, factor, eps, activation,
+                                                           alpha))
     return _bridge.forward(input, weight, bias, running_mean, running_var, training, factor,
                            eps, activation, alpha, side_input, True)[0]

@@ -14,8 +14,9 @@ an autograd formula that calls the next:
     Its gradient: ``(grad_input, grad_weight, grad_bias, grad_side_input)``
     (the last empty without a side input).
 ``cfbn::batch_norm_double_backward``
-    The gradient of the gradient (without an activation): ``(grad_grad_out,
-    grad_input, grad_weight)``.
+    The plain gradient of the gradient: ``(grad_grad_out, grad_input,
+    grad_weight)``; the autograd formula of batch_norm_backward adds what a
+    fused activation contributes.
 
 Why the forward returns the new running statistics rather than updating
 them in place: ``torch.library`` gives autograd formulas to functional
@@ -131,22 +132,22 @@ def _(grad_out, input, weight, bias, save_mean, save_var, training, eps, activat
 
 
 def _setup_batch_norm_backward(ctx, inputs, output):
-    grad_out, x, weight, _, save_mean, save_var, training, eps, activation, _, side_input = inputs
-    ctx.save_for_backward(grad_out, x, weight, save_mean, save_var)
-    ctx.options = (training, eps, activation, side_input is not None)
+    grad_out, x, weight, bias, save_mean, save_var, training, eps, activation, alpha, side = inputs
+    ctx.save_for_backward(grad_out, x, weight, bias, save_mean, save_var, side)
+    ctx.options = (training, eps, activation, alpha)
     # An unused gradient arrives as None, which the kernels read as zeros
     # without a tensor of them.
     ctx.set_materialize_grads(False)
 
 
 def _batch_norm_backward_grad(ctx, gg_input, gg_weight, gg_bias, gg_side):
-    grad_out, x, weight, save_mean, save_var = ctx.saved_tensors
-    ddy, dx, dweight = _bridge.backward_of_backward(
-        batch_norm_double_backward, grad_out, x, weight, save_mean, save_var, ctx.options,
+    ddy, dx, dweight, dbias, dside = _bridge.backward_of_backward(
+        batch_norm_double_backward, batch_norm_backward, ctx.saved_tensors, ctx.options,
         gg_input, gg_weight, gg_bias, gg_side)
     need = ctx.needs_input_grad
     return (ddy if need[0] else None, dx if need[1] else None, dweight if need[2] else None,
-            None, None, None, None, None, None, None, None)
+            dbias if need[3] else None, None, None, None, None, None, None,
+            dside if need[10] else None)
 
 
 @torch.library.custom_op(_LIB + "::batch_norm_double_backward", mutates_args=(),
@@ -157,7 +158,7 @@ def batch_norm_double_backward(grad_out: Tensor, input: Tensor, weight: Optional
                                grad_grad_weight: Optional[Tensor],
                                grad_grad_bias: Optional[Tensor], training: bool, eps: float
                                ) -> tuple[Tensor, Tensor, Tensor]:
-    """The gradient of cfbn::batch_norm_backward (no activation): the
+    """The gradient of cfbn::batch_norm_backward without an activation: the
     derivatives of sum(gg_input * grad_input) + sum(gg_weight * grad_weight)
     + sum(gg_bias * grad_bias) with respect to grad_out, input and weight."""
     return _bridge.double_backward(grad_out, input, weight, save_mean, save_var,
