@@ -13,6 +13,9 @@ torch = pytest.importorskip("torch")
 import cfbn.torch as ct  # noqa: E402
 from cfbn.torch import _bridge, ops  # noqa: E402
 
+# torch's own test utilities (opcheck) decorate with a deprecated torch.jit API
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")
+
 nn = torch.nn
 F = torch.nn.functional
 OPS = torch.ops.cfbn

@@ -123,6 +123,8 @@ def output(x, kind):
     The memory is a NumPy array's from cfbn's output cache: an output of
     32 MiB or more reuses a freed one's buffer instead of a fresh mapping
     the OS faults in and zeroes on first touch, as cfbn's own outputs do.
+    Such a tensor is an ordinary one (it can be shared, saved, resized
+    down) except that its storage cannot grow.
     """
     shape = x.shape
     bf16 = x.dtype is torch.bfloat16
