@@ -10,13 +10,15 @@ Every layout PyTorch's batch norm accepts maps onto one of two of cfbn's:
 
 Both are views of the tensor's memory (``tensor.numpy()``, a transpose and a
 reshape), so the kernels read and write torch's storage directly.  Outputs
-are allocated by torch in the input's memory format and written through the
-same views.  A tensor in neither layout (a slice, an odd permutation) is read
-through one copy, as cfbn reads a strided NumPy array.
+are tensors over arrays from cfbn's output cache, in the input's memory
+format, written through the same views.  A tensor in neither layout (a
+slice, an odd permutation) is read through one copy, as cfbn reads a strided
+NumPy array.
 
 The argument rules are cfbn's own (cfbn._args, reached through
-cfbn.fused_batch_norm and its gradients); this module adds only what PyTorch
-adds: its dtype pairings, CPU tensors, and its empty-batch behaviour.
+cfbn.fused_batch_norm and its gradients, and for a tensor dtype cfbn does
+not compute); this module adds only what PyTorch adds: its dtype pairings,
+CPU tensors, and its empty-batch behaviour.
 """
 import math
 
@@ -77,12 +79,24 @@ def check_input(x, name="input"):
         raise TypeError("%s: cfbn.torch computes CPU tensors, got one on %s" % (name, x.device))
     vdt = VECTOR_DTYPES.get(x.dtype)
     if vdt is None:
-        raise TypeError("%s: expected float32, float64, float16 or bfloat16, got %s"
-                        % (name, x.dtype))
+        _wrong_dtype(x, name)
     if x.dim() < 2 or x.dim() > 5:
         raise ValueError("%s: expected a 2-D to 5-D tensor (N, C, ...), got %d dimensions"
                          % (name, x.dim()))
     return vdt
+
+
+def _wrong_dtype(x, name):
+    """The validator's TypeError for a dtype cfbn does not compute."""
+    try:
+        a = array(x)
+    except (TypeError, RuntimeError):
+        # no NumPy dtype at all (a quantized or complex-half tensor)
+        raise TypeError("%s: expected float32, float64, float16 or bfloat16, got %s"
+                        % (name, x.dtype)) from None
+    _args.dtype_kinds(a.dtype, name)
+    raise AssertionError("cfbn's validator accepted %s, which cfbn.torch does not map"
+                         % x.dtype)
 
 
 def layout_kind(t):
