@@ -1,0 +1,25 @@
+"""cfbn for PyTorch: operators, a functional form and nn.BatchNorm drop-ins.
+
+``pip install cfbn[torch]``.  ``import cfbn`` never imports torch; importing
+this package does, and registers the operators ``torch.ops.cfbn.batch_norm``,
+``batch_norm_backward`` and ``batch_norm_double_backward`` (cfbn.torch.ops).
+
+- `BatchNorm1d`, `BatchNorm2d`, `BatchNorm3d`: subclasses of their torch.nn
+  namesakes computed by cfbn, plus ``activation=`` and ``side_input``.
+- `batch_norm`: ``torch.nn.functional.batch_norm``'s signature, plus the
+  same two.
+
+CPU tensors of float32, float64, float16 and bfloat16, contiguous or
+channels-last, with no copies; differentiable twice; ``torch.compile``
+(fullgraph) traces them as the operators.
+"""
+try:
+    import torch  # noqa: F401
+except ImportError as exc:
+    raise ImportError("cfbn.torch needs PyTorch: pip install cfbn[torch]") from exc
+
+from . import ops
+from .functional import batch_norm
+from .modules import BatchNorm1d, BatchNorm2d, BatchNorm3d
+
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "batch_norm", "ops"]
