@@ -8,6 +8,10 @@ this package does, and registers the operators ``torch.ops.cfbn.batch_norm``,
   namesakes computed by cfbn, plus ``activation=`` and ``side_input``.
 - `batch_norm`: ``torch.nn.functional.batch_norm``'s signature, plus the
   same two.
+- `SyncBatchNorm`: ``torch.nn.SyncBatchNorm`` over torch.distributed (gloo,
+  CPU), statistics merged exactly and identically on every rank.
+- `convert`: replaces a model's ``nn.BatchNorm*`` and ``nn.SyncBatchNorm``
+  with these, in place (optionally fusing a following ``nn.ReLU``).
 
 CPU tensors of float32, float64, float16 and bfloat16, contiguous or
 channels-last, with no copies; differentiable twice; ``torch.compile``
@@ -21,5 +25,8 @@ except ImportError as exc:
 from . import ops
 from .functional import batch_norm
 from .modules import BatchNorm1d, BatchNorm2d, BatchNorm3d
+from .sync import SyncBatchNorm
+from .convert import convert
 
-__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "batch_norm", "ops"]
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "batch_norm",
+           "convert", "ops"]

@@ -1,0 +1,130 @@
+"""convert: swap a model's torch.nn batch norms for cfbn.torch's, in place."""
+import torch
+import torch.nn as nn
+
+from .modules import BatchNorm1d, BatchNorm2d, BatchNorm3d
+from .sync import SyncBatchNorm
+
+# Most specific first: cfbn's classes subclass their torch namesakes.
+_KINDS = ((nn.SyncBatchNorm, SyncBatchNorm), (nn.BatchNorm3d, BatchNorm3d),
+          (nn.BatchNorm2d, BatchNorm2d), (nn.BatchNorm1d, BatchNorm1d))
+_OURS = (BatchNorm1d, BatchNorm2d, BatchNorm3d, SyncBatchNorm)
+
+
+def _target(module, sync):
+    if sync:
+        return SyncBatchNorm
+    for theirs, ours in _KINDS:
+        if isinstance(module, theirs):
+            return ours
+    return None
+
+
+def _swap(old, cls, process_group, activation=None):
+    """A cfbn module of class `cls` holding `old`'s parameters and buffers."""
+    ref = old.weight if old.weight is not None else old.running_mean
+    kwargs = {}
+    if ref is not None:
+        kwargs = dict(device=ref.device, dtype=ref.dtype)
+    if cls is SyncBatchNorm:
+        if activation is not None:
+            raise AssertionError("SyncBatchNorm takes no activation")
+        new = cls(old.num_features, old.eps, old.momentum, old.affine,
+                  old.track_running_stats, process_group, **kwargs)
+    else:
+        new = cls(old.num_features, old.eps, old.momentum, old.affine,
+                  old.track_running_stats, activation=activation, **kwargs)
+    # The same Parameter and buffer objects, not copies: an optimizer built
+    # before the conversion keeps updating the model's parameters.
+    with torch.no_grad():
+        if old.affine:
+            new.weight = old.weight
+            new.bias = old.bias
+        new.running_mean = old.running_mean
+        new.running_var = old.running_var
+        if hasattr(old, "num_batches_tracked"):
+            new.num_batches_tracked = old.num_batches_tracked
+    if hasattr(old, "qconfig"):
+        new.qconfig = old.qconfig
+    new.train(old.training)
+    return new
+
+
+def _wanted(module, sync):
+    """Whether `module` is a batch norm that convert replaces."""
+    if not isinstance(module, nn.modules.batchnorm._BatchNorm) or \
+            isinstance(module, SyncBatchNorm):
+        return False
+    if isinstance(module, _OURS):
+        # already cfbn's; only sync=True changes it, and a fused activation
+        # has no SyncBatchNorm form
+        return sync and module.activation is None
+    return _target(module, sync) is not None
+
+
+def _replacement(module, sync, process_group):
+    group = process_group if sync else getattr(module, "process_group", None)
+    return _swap(module, _target(module, sync), group)
+
+
+def _convert(module, fuse, sync, process_group):
+    for name, child in list(module.named_children()):
+        if _wanted(child, sync):
+            setattr(module, name, _replacement(child, sync, process_group))
+        else:
+            _convert(child, fuse, sync, process_group)
+    if fuse and isinstance(module, nn.Sequential):
+        _fuse_relu(module)
+
+
+def _fuse_relu(seq):
+    names = [name for name, _ in seq.named_children()]
+    for a, b in zip(names, names[1:]):
+        bn, act = getattr(seq, a), getattr(seq, b)
+        if type(bn) in (BatchNorm1d, BatchNorm2d, BatchNorm3d) and bn.activation is None \
+                and type(act) is nn.ReLU:
+            setattr(seq, a, _swap(bn, type(bn), None, activation="relu"))
+            setattr(seq, b, nn.Identity())
+
+
+def convert(model, fuse=False, *, sync=False, process_group=None):
+    """Replace `model`'s torch.nn batch norms with cfbn.torch's, in place.
+
+    Every ``nn.BatchNorm1d``, ``nn.BatchNorm2d``, ``nn.BatchNorm3d`` and
+    ``nn.SyncBatchNorm`` submodule (recursively; `model` itself too when it
+    is one) becomes the cfbn.torch module of the same kind:
+    ``BatchNorm1d/2d/3d``, or `SyncBatchNorm` keeping its process group.
+    The new module holds the same Parameter and buffer objects (so an
+    optimizer made before still updates them), and keeps the training flag,
+    requires_grad, device and dtype; the state_dict is unchanged and still
+    loads into the original model.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Converted in place.
+    fuse : bool
+        Also fold a batch norm directly followed by an ``nn.ReLU`` into
+        ``activation="relu"``.  The one pattern recognised is two
+        consecutive children of an ``nn.Sequential``: a (converted)
+        ``BatchNorm1d/2d/3d`` then an ``nn.ReLU`` module (``inplace``
+        either way), whose slot becomes ``nn.Identity()``.  A ReLU called
+        in a ``forward`` (``F.relu``, ``torch.relu``) or a residual add is
+        not seen: that needs the traced graph (torch.fx), not the module
+        tree.  SyncBatchNorm is never fused.
+    sync : bool
+        Produce `SyncBatchNorm` for every batch norm, as
+        ``nn.SyncBatchNorm.convert_sync_batchnorm`` does.
+    process_group : torch.distributed.ProcessGroup, optional
+        With ``sync=True``, the group the new modules synchronize over
+        (None: the default group).
+
+    Returns
+    -------
+    torch.nn.Module
+        `model`, or the new module when `model` itself is a batch norm.
+    """
+    if _wanted(model, sync):
+        return _replacement(model, sync, process_group)
+    _convert(model, fuse, sync, process_group)
+    return model
