@@ -106,6 +106,7 @@ class _SyncFunction(torch.autograd.Function):
         return _like_input(y, x)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
         mu, var, n, scale, eps, group = ctx.stats
