@@ -22,6 +22,8 @@ CASES = [
     ((2, 3, 2, 2), "contiguous", "float64", None, True),
     # 16-bit input with float32 parameters and statistics, as under autocast
     ((3, 2, 2), "channels_last", "bfloat16", 0.1, True),
+    # 6-D, which nn.SyncBatchNorm accepts; the reference sees it flattened
+    ((2, 2, 1, 2, 2), "contiguous", "float32", 0.1, True),
 ]
 
 
@@ -36,7 +38,7 @@ def _worker(rank, world, store, sizes):
     starts = [sum(sizes[:i]) for i in range(world + 1)]
     lo, hi = starts[rank], starts[rank + 1]
     reference_kind = {1: ct.BatchNorm1d, 2: ct.BatchNorm1d, 3: ct.BatchNorm2d,
-                      4: ct.BatchNorm3d}
+                      4: ct.BatchNorm3d, 5: ct.BatchNorm1d}
     for i, (rest, fmt, dtype_name, momentum, affine) in enumerate(CASES):
         dtype = getattr(torch, dtype_name)
         tol = dict(rtol=1e-5, atol=1e-5) if dtype is torch.float32 else {}
@@ -66,7 +68,7 @@ def _worker(rank, world, store, sizes):
             xs = full[lo:hi].clone(memory_format=torch.preserve_format).requires_grad_()
             xf = full.clone(memory_format=torch.preserve_format).requires_grad_()
             y = sync(xs)
-            yf = ref(xf)
+            yf = ref(xf if len(rest) < 5 else xf.flatten(2)).reshape(full.shape)
             (y * g[lo:hi]).sum().backward()
             (yf * g).sum().backward()
             torch.testing.assert_close(y, yf[lo:hi], **out_tol)
@@ -90,7 +92,8 @@ def _worker(rank, world, store, sizes):
         sync.eval()
         ref.eval()
         x = torch.randn((max(hi - lo, 1),) + rest, generator=gen, dtype=dtype)
-        torch.testing.assert_close(sync(x), ref(x), **out_tol)
+        torch.testing.assert_close(
+            sync(x), ref(x if len(rest) < 5 else x.flatten(2)).reshape(x.shape), **out_tol)
         # the state_dict is nn.BatchNorm's
         plain = torch.nn.SyncBatchNorm(channels, momentum=momentum, affine=affine,
                                        dtype=param_dtype)

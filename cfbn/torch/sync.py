@@ -194,7 +194,15 @@ class SyncBatchNorm(nn.SyncBatchNorm):
             group = self.process_group or dist.group.WORLD
             need_sync = dist.get_world_size(group) > 1
         if not need_sync:
-            return functional.batch_norm(input, running_mean, running_var, self.weight,
-                                         self.bias, bn_training, factor, self.eps)
+            # cfbn.torch.batch_norm takes up to 5-D; more spatial axes are
+            # the same normalization of the flattened view
+            x = input if input.dim() <= 5 else input.flatten(2)
+            y = functional.batch_norm(x, running_mean, running_var, self.weight, self.bias,
+                                      bn_training, factor, self.eps)
+            return y if x is input else y.reshape(input.shape)
+        # cfbn.torch's rules (CPU, a dtype cfbn computes); ranks above 5 are
+        # checked through a view with the spatial axes flattened, which the
+        # kernels read the same way.
+        _bridge.check_input(input if input.dim() <= 5 else input.flatten(2))
         return _SyncFunction.apply(input, self.weight, self.bias, running_mean, running_var,
                                    factor, self.eps, group)
