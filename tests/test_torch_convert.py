@@ -79,6 +79,9 @@ def test_convert_keeps_objects_flags_and_dtype():
     assert (new.eps, new.momentum) == (1e-3, 0.2)
     # a batch norm passed alone comes back replaced
     assert type(ct.convert(nn.BatchNorm1d(3))) is ct.BatchNorm1d
+    # a lazy one waits for its channel count
+    lazy = nn.Sequential(nn.LazyBatchNorm2d())
+    assert type(ct.convert(lazy)[0]) is nn.LazyBatchNorm2d
 
 
 def test_convert_to_sync_and_back_from_sync():

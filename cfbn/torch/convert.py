@@ -55,6 +55,10 @@ def _wanted(module, sync):
     if not isinstance(module, nn.modules.batchnorm._BatchNorm) or \
             isinstance(module, SyncBatchNorm):
         return False
+    if isinstance(module, nn.modules.lazy.LazyModuleMixin) and \
+            module.has_uninitialized_params():
+        # its channel count is known only after the first forward
+        return False
     if isinstance(module, _OURS):
         # already cfbn's; only sync=True changes it, and a fused activation
         # has no SyncBatchNorm form
@@ -92,7 +96,7 @@ def convert(model, fuse=False, *, sync=False, process_group=None):
 
     Every ``nn.BatchNorm1d``, ``nn.BatchNorm2d``, ``nn.BatchNorm3d`` and
     ``nn.SyncBatchNorm`` submodule (recursively; `model` itself too when it
-    is one) becomes the cfbn.torch module of the same kind:
+    is one; a lazy one only once initialized) becomes the cfbn.torch module of the same kind:
     ``BatchNorm1d/2d/3d``, or `SyncBatchNorm` keeping its process group.
     The new module holds the same Parameter and buffer objects (so an
     optimizer made before still updates them), and keeps the training flag,
