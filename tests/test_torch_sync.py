@@ -108,7 +108,12 @@ def _run(tmp_path, sizes):
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     store = str(tmp_path / "store")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # the ranks import the cfbn this process imported (an installed one, or
+    # the source tree's in-place build)
+    import cfbn
+    root = os.path.dirname(os.path.dirname(os.path.abspath(cfbn.__file__)))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
     procs = [subprocess.Popen([sys.executable, __file__, str(r), str(len(sizes)), store,
                                ",".join(map(str, sizes))], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
