@@ -14,7 +14,9 @@
  * sigmoid, tanh and silu through exp_s, a Cephes-style expf.  For float and
  * 2-byte tensors they run inside the vector loops of the *_fused entries;
  * float64 tensors take the routing layer's fallback (these plain kernels
- * over L1-sized blocks, bn_math.h's libm formulas). */
+ * over L1-sized blocks, bn_math.h's libm formulas).
+ *
+ * The second-order gradient's entries (gg*) exist for all four dtypes. */
 #include "cfbn.h"
 
 #if defined(__aarch64__)
@@ -1058,11 +1060,261 @@ INLINE void fgapply_rows_s(const void *dy, const void *x, void *dx, int64_t rows
 #undef FUSED
 }
 
+/* ---- second-order gradient (cfbn_gg_f32: f32, f16 and bf16 storage) ----
+ * g = dy, q = ggx and d = (x - mhi) - mlo, formed in float as bn_scalar.c
+ * forms it; the five sums g, g d, q, q d and q g in double, as gstats_step
+ * forms the gradient's (each value widened, the products FMAs in double),
+ * so no sum can leave float's range.  Rows go in blocks of 8 rows, the sums
+ * of a group of 4 columns in registers and added to acc (5 w doubles, in
+ * L1) once per block; widths dividing 4 go as one flat stream with
+ * per-lane parameters. */
+
+/* The five sums of 2 lanes. */
+typedef struct {
+    float64x2_t g, gd, q, qd, qg;
+} acc5;
+
+INLINE acc5 acc5_zero(void)
+{
+    const float64x2_t z = vdupq_n_f64(0.0);
+    acc5 a = {z, z, z, z, z};
+    return a;
+}
+
+INLINE acc5 acc5_add(acc5 a, acc5 b)
+{
+    acc5 r = {vaddq_f64(a.g, b.g), vaddq_f64(a.gd, b.gd), vaddq_f64(a.q, b.q), vaddq_f64(a.qd, b.qd),
+              vaddq_f64(a.qg, b.qg)};
+    return r;
+}
+
+INLINE void gg_step_d(acc5 *a, float64x2_t g, float64x2_t q, float64x2_t d)
+{
+    a->g = vaddq_f64(a->g, g);
+    a->gd = vfmaq_f64(a->gd, g, d);
+    a->q = vaddq_f64(a->q, q);
+    a->qd = vfmaq_f64(a->qd, q, d);
+    a->qg = vfmaq_f64(a->qg, q, g);
+}
+
+/* 4 float lanes: lanes 0, 1 into lo, 2, 3 into hi */
+INLINE void gg_step_s(acc5 *lo, acc5 *hi, float32x4_t g, float32x4_t q, float32x4_t d)
+{
+    gg_step_d(lo, vcvt_f64_f32(vget_low_f32(g)), vcvt_f64_f32(vget_low_f32(q)), vcvt_f64_f32(vget_low_f32(d)));
+    gg_step_d(hi, vcvt_high_f64_f32(g), vcvt_high_f64_f32(q), vcvt_high_f64_f32(d));
+}
+
+/* acc[0..5): the five sums over the lanes of a */
+INLINE void acc5_total(acc5 a, double *acc)
+{
+    acc[0] = vaddvq_f64(a.g);
+    acc[1] = vaddvq_f64(a.gd);
+    acc[2] = vaddvq_f64(a.q);
+    acc[3] = vaddvq_f64(a.qd);
+    acc[4] = vaddvq_f64(a.qg);
+}
+
+/* The lanes of a into lanes[k * stride ...] for sum k. */
+INLINE void acc5_store(const acc5 *a, double *lanes, int64_t stride)
+{
+    vst1q_f64(lanes, a->g);
+    vst1q_f64(lanes + stride, a->gd);
+    vst1q_f64(lanes + 2 * stride, a->q);
+    vst1q_f64(lanes + 3 * stride, a->qd);
+    vst1q_f64(lanes + 4 * stride, a->qg);
+}
+
+/* Lane sums of a flat stream (lanes[k * period + l], lane l being column
+ * l % w, w dividing period) folded into the five sums of w columns. */
+static void fold_lanes5(const double *lanes, int64_t period, int64_t w, double *acc)
+{
+    for (int k = 0; k < 5; k++) fold_lanes(lanes + k * period, period, w, acc + k * w);
+}
+
+/* Adds lanes [0, cnt) of a (cnt >= 2: both) to columns j.. of the five
+ * sums at acc + j (sum k of column j at acc[k * w + j]). */
+INLINE void acc5_add_cols(const acc5 *a, double *acc, int64_t w, int64_t cnt)
+{
+    const float64x2_t v[5] = {a->g, a->gd, a->q, a->qd, a->qg};
+    for (int k = 0; k < 5; k++) {
+        double *s = acc + k * w;
+        if (cnt >= 2) vst1q_f64(s, vaddq_f64(vld1q_f64(s), v[k]));
+        else s[0] += vgetq_lane_f64(v[k], 0);
+    }
+}
+
+/* the nine parameter arrays, in ggapply_s's order */
+#define GG_NPAR 9
+INLINE void gg_arrays_s(const cfbn_gg_f32 *p, const float **v)
+{
+    v[0] = p->mhi, v[1] = p->mlo, v[2] = p->a1, v[3] = p->b1, v[4] = p->c1;
+    v[5] = p->a2, v[6] = p->b2, v[7] = p->c2, v[8] = p->e2;
+}
+
+/* c: mhi, mlo, a1, b1, c1, a2, b2, c2, e2 */
+INLINE void ggapply_s(float32x4_t g, float32x4_t q, float32x4_t x, const float32x4_t *c, float32x4_t *ddy,
+                      float32x4_t *dx)
+{
+    float32x4_t d = centered_s(x, c[0], c[1]);
+    *ddy = vfmaq_f32(vfmaq_f32(c[4], d, c[3]), q, c[2]);
+    *dx = vfmaq_f32(vfmaq_f32(vfmaq_f32(c[8], d, c[7]), q, c[6]), g, c[5]);
+}
+
+/* n elements whose lane l of every 4 has the parameters of lane l of m, l
+ * (a run: broadcast) */
+INLINE void ggstats_flat_s(const void *dy, const void *x, const void *ggx, int64_t n, float32x4_t m, float32x4_t l,
+                           int dt, acc5 *lo, acc5 *hi)
+{
+    acc5 a = acc5_zero(), b = acc5_zero(), c = acc5_zero(), d = acc5_zero();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        gg_step_s(&a, &b, ld4(dy, i, dt), ld4(ggx, i, dt), centered_s(ld4(x, i, dt), m, l));
+        gg_step_s(&c, &d, ld4(dy, i + 4, dt), ld4(ggx, i + 4, dt), centered_s(ld4(x, i + 4, dt), m, l));
+    }
+    if (i + 4 <= n) {
+        gg_step_s(&a, &b, ld4(dy, i, dt), ld4(ggx, i, dt), centered_s(ld4(x, i, dt), m, l));
+        i += 4;
+    }
+    if (i < n) {
+        const int64_t cnt = n - i;
+        const uint32x4_t mk = mask_s(cnt);
+        /* dead lanes: dy = ggx = 0 and d = 0, whatever the parameters */
+        gg_step_s(&c, &d, ld_part(dy, i, cnt, cnt, dt), ld_part(ggx, i, cnt, cnt, dt),
+                  centered_s(ld_part(x, i, cnt, cnt, dt), and_s(m, mk), and_s(l, mk)));
+    }
+    *lo = acc5_add(a, c);
+    *hi = acc5_add(b, d);
+}
+
+/* columns [j, j + cnt) (cnt 1..4) of kr rows from element o of n, added to
+ * acc; m, l: the columns' parameters (zero past cnt) */
+INLINE void ggstats_cols_s(const void *dy, const void *x, const void *ggx, int64_t n, int64_t o, int64_t j,
+                           int64_t w, int64_t kr, int64_t cnt, float32x4_t m, float32x4_t l, double *acc, int dt)
+{
+    acc5 lo = acc5_zero(), hi = acc5_zero();
+    for (int64_t k = 0; k < kr; k++) {
+        const int64_t e = o + k * w + j;
+        if (cnt == 4)
+            gg_step_s(&lo, &hi, ld4(dy, e, dt), ld4(ggx, e, dt), centered_s(ld4(x, e, dt), m, l));
+        else
+            gg_step_s(&lo, &hi, ld_part(dy, e, cnt, n - e, dt), ld_part(ggx, e, cnt, n - e, dt),
+                      centered_s(ld_part(x, e, cnt, n - e, dt), m, l));
+    }
+    acc5_add_cols(&lo, acc + j, w, cnt);
+    if (cnt > 2) acc5_add_cols(&hi, acc + j + 2, w, cnt - 2);
+}
+
+INLINE void ggstats_run_s(const void *dy, const void *x, const void *ggx, int64_t n, const cfbn_gg_f32 *p,
+                          double *acc, int dt)
+{
+    acc5 lo, hi;
+    ggstats_flat_s(dy, x, ggx, n, vdupq_n_f32(p->mhi[0]), vdupq_n_f32(p->mlo[0]), dt, &lo, &hi);
+    acc5_total(acc5_add(lo, hi), acc);
+}
+
+INLINE void ggstats_rows_s(const void *dy, const void *x, const void *ggx, int64_t rows, int64_t w,
+                           const cfbn_gg_f32 *p, double *acc, int dt)
+{
+    if (w <= 0) return;
+    if (4 % w == 0) {
+        float32x4_t m, l, odd;
+        double lanes[5 * 4];
+        lanes_s(p->mhi, w, &m, &odd);
+        lanes_s(p->mlo, w, &l, &odd);
+        acc5 lo, hi;
+        ggstats_flat_s(dy, x, ggx, rows * w, m, l, dt, &lo, &hi);
+        acc5_store(&lo, lanes, 4);
+        acc5_store(&hi, lanes + 2, 4);
+        fold_lanes5(lanes, 4, w, acc);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)3, cnt = w - full, n = rows * w;
+    float32x4_t tm = vdupq_n_f32(0.0f), tl = tm;
+    if (cnt) {
+        tm = ldparam_s(p->mhi + full, cnt);
+        tl = ldparam_s(p->mlo + full, cnt);
+    }
+    memset(acc, 0, (size_t)(5 * w) * sizeof *acc);
+    for (int64_t r = 0; r < rows; r += 8) {
+        const int64_t kr = rows - r < 8 ? rows - r : 8, o = r * w;
+        for (int64_t j = 0; j < full; j += 4)
+            ggstats_cols_s(dy, x, ggx, n, o, j, w, kr, 4, vld1q_f32(p->mhi + j), vld1q_f32(p->mlo + j), acc, dt);
+        if (cnt) ggstats_cols_s(dy, x, ggx, n, o, full, w, kr, cnt, tm, tl, acc, dt);
+    }
+}
+
+/* n elements whose lane l of every 4 has the parameters of lane l of c */
+INLINE void ggapply_flat_s(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t n,
+                           const float32x4_t *c, int dt)
+{
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t vy, vx;
+        ggapply_s(ld4(dy, i, dt), ld4(ggx, i, dt), ld4(x, i, dt), c, &vy, &vx);
+        st4(ddy, i, vy, dt);
+        st4(dx, i, vx, dt);
+    }
+    if (i < n) {
+        const int64_t cnt = n - i;
+        float32x4_t vy, vx;
+        ggapply_s(ld_part(dy, i, cnt, cnt, dt), ld_part(ggx, i, cnt, cnt, dt), ld_part(x, i, cnt, cnt, dt), c, &vy,
+                  &vx);
+        st_part(ddy, i, vy, cnt, dt);
+        st_part(dx, i, vx, cnt, dt);
+    }
+}
+
+INLINE void ggapply_run_s(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t n,
+                          const cfbn_gg_f32 *p, int dt)
+{
+    const float *v[GG_NPAR];
+    float32x4_t c[GG_NPAR];
+    gg_arrays_s(p, v);
+    for (int k = 0; k < GG_NPAR; k++) c[k] = vdupq_n_f32(v[k][0]);
+    ggapply_flat_s(dy, x, ggx, ddy, dx, n, c, dt);
+}
+
+INLINE void ggapply_rows_s(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t rows,
+                           int64_t w, const cfbn_gg_f32 *p, int dt)
+{
+    if (w <= 0) return;
+    const float *v[GG_NPAR];
+    float32x4_t c[GG_NPAR], t[GG_NPAR], odd;
+    gg_arrays_s(p, v);
+    if (4 % w == 0) {
+        for (int k = 0; k < GG_NPAR; k++) lanes_s(v[k], w, &c[k], &odd);
+        ggapply_flat_s(dy, x, ggx, ddy, dx, rows * w, c, dt);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)3, cnt = w - full, n = rows * w;
+    for (int k = 0; k < GG_NPAR; k++) t[k] = cnt ? ldparam_s(v[k] + full, cnt) : vdupq_n_f32(0.0f);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        float32x4_t vy, vx;
+        for (int64_t j = 0; j < full; j += 4) {
+            for (int k = 0; k < GG_NPAR; k++) c[k] = vld1q_f32(v[k] + j);
+            ggapply_s(ld4(dy, o + j, dt), ld4(ggx, o + j, dt), ld4(x, o + j, dt), c, &vy, &vx);
+            st4(ddy, o + j, vy, dt);
+            st4(dx, o + j, vx, dt);
+        }
+        if (cnt) {
+            const int64_t e = o + full, av = n - e;
+            ggapply_s(ld_part(dy, e, cnt, av, dt), ld_part(ggx, e, cnt, av, dt), ld_part(x, e, cnt, av, dt), t, &vy,
+                      &vx);
+            st_part(ddy, e, vy, cnt, dt);
+            st_part(dx, e, vx, cnt, dt);
+        }
+    }
+}
+
 /* ---- float32, float16 and bfloat16 entries ---- */
 
 CFBN_FLOAT_ENTRIES(f32, CFBN_F32, s)
 CFBN_FLOAT_ENTRIES(f16, CFBN_F16, s)
 CFBN_FLOAT_ENTRIES(bf16, CFBN_BF16, s)
+CFBN_GG_ENTRIES(f32, CFBN_F32, s)
+CFBN_GG_ENTRIES(f16, CFBN_F16, s)
+CFBN_GG_ENTRIES(bf16, CFBN_BF16, s)
 
 /* ---- float64: 2 lanes; flat streams alternate two parameter sets over
  * 2-element blocks, so widths dividing 4 see whole columns per lane ---- */
@@ -1442,15 +1694,177 @@ static void gapply_rows_f64(const void *dy_, const void *x_, void *dx_, int64_t 
     }
 }
 
+/* ---- second-order gradient, float64 (cfbn_gg_f64) ----
+ * In double throughout; rows as the float kernels walk them (blocks of 8
+ * rows, groups of 4 columns as two pairs), widths dividing 2 as one flat
+ * stream. */
+
+/* cnt elements at p (cnt >= 2: both), zero past them */
+INLINE float64x2_t ld_cols_d(const double *p, int64_t cnt)
+{
+    return cnt >= 2 ? vld1q_f64(p) : cnt == 1 ? ld1_d(p) : vdupq_n_f64(0.0);
+}
+
+INLINE void st_cols_d(double *p, float64x2_t v, int64_t cnt)
+{
+    if (cnt >= 2) vst1q_f64(p, v);
+    else p[0] = vgetq_lane_f64(v, 0);
+}
+
+INLINE void gg_arrays_d(const cfbn_gg_f64 *p, const double **v)
+{
+    v[0] = p->mhi, v[1] = p->mlo, v[2] = p->a1, v[3] = p->b1, v[4] = p->c1;
+    v[5] = p->a2, v[6] = p->b2, v[7] = p->c2, v[8] = p->e2;
+}
+
+/* c: mhi, mlo, a1, b1, c1, a2, b2, c2, e2 */
+INLINE void ggapply_d(float64x2_t g, float64x2_t q, float64x2_t x, const float64x2_t *c, float64x2_t *ddy,
+                      float64x2_t *dx)
+{
+    float64x2_t d = centered_d(x, c[0], c[1]);
+    *ddy = vfmaq_f64(vfmaq_f64(c[4], d, c[3]), q, c[2]);
+    *dx = vfmaq_f64(vfmaq_f64(vfmaq_f64(c[8], d, c[7]), q, c[6]), g, c[5]);
+}
+
+/* n elements whose lane l of every 2 has the parameters of lane l of m, l */
+INLINE void ggstats_flat_d(const double *dy, const double *x, const double *ggx, int64_t n, float64x2_t m,
+                           float64x2_t l, acc5 *out)
+{
+    acc5 a = acc5_zero(), b = acc5_zero();
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        gg_step_d(&a, vld1q_f64(dy + i), vld1q_f64(ggx + i), centered_d(vld1q_f64(x + i), m, l));
+        gg_step_d(&b, vld1q_f64(dy + i + 2), vld1q_f64(ggx + i + 2), centered_d(vld1q_f64(x + i + 2), m, l));
+    }
+    for (; i < n; i += 2) {
+        /* one element left: lane 1 gets dy = ggx = 0 and d = 0 */
+        const int64_t k = n - i;
+        float64x2_t mk = k >= 2 ? m : vsetq_lane_f64(0.0, m, 1), lk = k >= 2 ? l : vsetq_lane_f64(0.0, l, 1);
+        gg_step_d(&a, ld_cols_d(dy + i, k), ld_cols_d(ggx + i, k), centered_d(ld_cols_d(x + i, k), mk, lk));
+    }
+    *out = acc5_add(a, b);
+}
+
+/* columns [j, j + cnt) (cnt 1..4) of kr rows from element o, added to acc */
+INLINE void ggstats_cols_d(const double *dy, const double *x, const double *ggx, int64_t o, int64_t j, int64_t w,
+                           int64_t kr, int64_t cnt, const cfbn_gg_f64 *p, double *acc)
+{
+    const float64x2_t m0 = ld_cols_d(p->mhi + j, cnt), l0 = ld_cols_d(p->mlo + j, cnt);
+    const float64x2_t m1 = ld_cols_d(p->mhi + j + 2, cnt - 2), l1 = ld_cols_d(p->mlo + j + 2, cnt - 2);
+    acc5 lo = acc5_zero(), hi = acc5_zero();
+    for (int64_t k = 0; k < kr; k++) {
+        const int64_t e = o + k * w + j;
+        gg_step_d(&lo, ld_cols_d(dy + e, cnt), ld_cols_d(ggx + e, cnt), centered_d(ld_cols_d(x + e, cnt), m0, l0));
+        if (cnt > 2)
+            gg_step_d(&hi, ld_cols_d(dy + e + 2, cnt - 2), ld_cols_d(ggx + e + 2, cnt - 2),
+                      centered_d(ld_cols_d(x + e + 2, cnt - 2), m1, l1));
+    }
+    acc5_add_cols(&lo, acc + j, w, cnt);
+    if (cnt > 2) acc5_add_cols(&hi, acc + j + 2, w, cnt - 2);
+}
+
+static void ggstats_run_f64(const void *dy, const void *x, const void *ggx, int64_t n, const cfbn_gg_f64 *p,
+                            double *acc)
+{
+    acc5 a;
+    ggstats_flat_d(dy, x, ggx, n, vdupq_n_f64(p->mhi[0]), vdupq_n_f64(p->mlo[0]), &a);
+    acc5_total(a, acc);
+}
+
+static void ggstats_rows_f64(const void *dy_, const void *x_, const void *ggx_, int64_t rows, int64_t w,
+                             const cfbn_gg_f64 *p, double *acc)
+{
+    const double *dy = dy_, *x = x_, *ggx = ggx_;
+    if (w <= 0) return;
+    if (2 % w == 0) {
+        float64x2_t m, l, odd;
+        double lanes[5 * 2];
+        lanes_d(p->mhi, w, &m, &odd);
+        lanes_d(p->mlo, w, &l, &odd);
+        acc5 a;
+        ggstats_flat_d(dy, x, ggx, rows * w, m, l, &a);
+        acc5_store(&a, lanes, 2);
+        fold_lanes5(lanes, 2, w, acc);
+        return;
+    }
+    memset(acc, 0, (size_t)(5 * w) * sizeof *acc);
+    for (int64_t r = 0; r < rows; r += 8) {
+        const int64_t kr = rows - r < 8 ? rows - r : 8, o = r * w;
+        for (int64_t j = 0; j < w; j += 4) {
+            if (j + 4 <= w) ggstats_cols_d(dy, x, ggx, o, j, w, kr, 4, p, acc);
+            else ggstats_cols_d(dy, x, ggx, o, j, w, kr, w - j, p, acc);
+        }
+    }
+}
+
+/* n elements whose lane l of every 2 has the parameters of lane l of c */
+INLINE void ggapply_flat_d(const double *dy, const double *x, const double *ggx, double *ddy, double *dx, int64_t n,
+                           const float64x2_t *c)
+{
+    for (int64_t i = 0; i < n; i += 2) {
+        const int64_t k = n - i;
+        float64x2_t vy, vx;
+        ggapply_d(ld_cols_d(dy + i, k), ld_cols_d(ggx + i, k), ld_cols_d(x + i, k), c, &vy, &vx);
+        st_cols_d(ddy + i, vy, k);
+        st_cols_d(dx + i, vx, k);
+    }
+}
+
+static void ggapply_run_f64(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t n,
+                            const cfbn_gg_f64 *p)
+{
+    const double *v[GG_NPAR];
+    float64x2_t c[GG_NPAR];
+    gg_arrays_d(p, v);
+    for (int k = 0; k < GG_NPAR; k++) c[k] = vdupq_n_f64(v[k][0]);
+    ggapply_flat_d(dy, x, ggx, ddy, dx, n, c);
+}
+
+static void ggapply_rows_f64(const void *dy_, const void *x_, const void *ggx_, void *ddy_, void *dx_, int64_t rows,
+                             int64_t w, const cfbn_gg_f64 *p)
+{
+    const double *dy = dy_, *x = x_, *ggx = ggx_;
+    double *ddy = ddy_, *dx = dx_;
+    if (w <= 0) return;
+    const double *v[GG_NPAR];
+    float64x2_t c[GG_NPAR], t[GG_NPAR], odd;
+    gg_arrays_d(p, v);
+    if (2 % w == 0) {
+        for (int k = 0; k < GG_NPAR; k++) lanes_d(v[k], w, &c[k], &odd);
+        ggapply_flat_d(dy, x, ggx, ddy, dx, rows * w, c);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)1, cnt = w - full;
+    for (int k = 0; k < GG_NPAR; k++) t[k] = ld_cols_d(v[k] + full, cnt);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        float64x2_t vy, vx;
+        for (int64_t j = 0; j < full; j += 2) {
+            for (int k = 0; k < GG_NPAR; k++) c[k] = vld1q_f64(v[k] + j);
+            ggapply_d(vld1q_f64(dy + o + j), vld1q_f64(ggx + o + j), vld1q_f64(x + o + j), c, &vy, &vx);
+            vst1q_f64(ddy + o + j, vy);
+            vst1q_f64(dx + o + j, vx);
+        }
+        if (cnt) {
+            const int64_t e = o + full;
+            ggapply_d(ld1_d(dy + e), ld1_d(ggx + e), ld1_d(x + e), t, &vy, &vx);
+            dx[e] = vgetq_lane_f64(vx, 0);
+            ddy[e] = vgetq_lane_f64(vy, 0);
+        }
+    }
+}
+
 const cfbn_kernels cfbn_kernels_neon = {
     .name = "neon",
-    .f32 = { CFBN_FLOAT_TABLE(f32) },
+    .f32 = { CFBN_FLOAT_TABLE(f32), CFBN_GG_TABLE(f32) },
     .f64 = {
         stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
         gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
+        .ggstats_run = ggstats_run_f64, .ggstats_rows = ggstats_rows_f64,
+        .ggapply_run = ggapply_run_f64, .ggapply_rows = ggapply_rows_f64,
     },
-    .f16 = { CFBN_FLOAT_TABLE(f16) },
-    .bf16 = { CFBN_FLOAT_TABLE(bf16) },
+    .f16 = { CFBN_FLOAT_TABLE(f16), CFBN_GG_TABLE(f16) },
+    .bf16 = { CFBN_FLOAT_TABLE(bf16), CFBN_GG_TABLE(bf16) },
 };
 
 #endif

@@ -24,6 +24,11 @@
  *     where dpre = 4 ulps of the sum of the magnitudes of the pre-activation's
  *     terms, L bounds |act'| and L2 bounds |act''| (1, or alpha when larger).
  *     Gradient sums add sum |dy| (resp. |dy * d|) times the derivative bound.
+ *   - Second-order gradient (ggstats, ggapply; check_gg_table): its five sums
+ *     as the gradient sums, ddy and dx within 4 ulps of the sum of their
+ *     terms' magnitudes (plus one ulp of the result for the 2-byte types),
+ *     also in place and with the streaming hint on outputs aligned alike and
+ *     apart.
  *
  * Build with CFBN_HAVE_AVX2 and/or CFBN_HAVE_NEON and the matching ISA file;
  * with neither it only checks the scalar table against itself. */
@@ -52,8 +57,9 @@ static const size_t esize[N_DTYPES] = {4, 8, 2, 2};
 static long n_pass, n_fail;
 
 /* KERNEL_CHECK_SHORT set (under valgrind, whose memcheck runs ~50 times
- * slower): fused cases without the streaming repeat, and a table without
- * its optional entries only through the fused fallback. */
+ * slower): fused cases without the streaming repeat, second-order cases in
+ * three scenarios, and a table without its optional entries only through
+ * the fused fallback. */
 static int g_short;
 
 /* ---- random numbers ---- */
@@ -353,21 +359,24 @@ static void call(const cfbn_kernels *k, int kind, const tcase *t, const void *x,
 static void print_entries(const cfbn_kernels *k)
 {
     for (int d = 0; d < N_DTYPES; d++) {
-        int runs, stream, fused;
+        int runs, stream, fused, gg;
         if (d == CFBN_F64) {
             const cfbn_double_kernels *o = &k->f64;
             runs = !!o->apply_runs + !!o->gstats_runs + !!o->gapply_runs;
             stream = !!o->apply_run_stream + !!o->apply_rows_stream + !!o->gapply_run_stream + !!o->gapply_rows_stream;
             fused = !!o->apply_run_fused + !!o->apply_rows_fused + !!o->gstats_run_fused + !!o->gstats_rows_fused +
                     !!o->gapply_run_fused + !!o->gapply_rows_fused;
+            gg = !!o->ggstats_run + !!o->ggstats_rows + !!o->ggapply_run + !!o->ggapply_rows;
         } else {
             const cfbn_float_kernels *o = cfbn_route_float_table(k, d);
             runs = !!o->apply_runs + !!o->gstats_runs + !!o->gapply_runs;
             stream = !!o->apply_run_stream + !!o->apply_rows_stream + !!o->gapply_run_stream + !!o->gapply_rows_stream;
             fused = !!o->apply_run_fused + !!o->apply_rows_fused + !!o->gstats_run_fused + !!o->gstats_rows_fused +
                     !!o->gapply_run_fused + !!o->gapply_rows_fused;
+            gg = !!o->ggstats_run + !!o->ggstats_rows + !!o->ggapply_run + !!o->ggapply_rows;
         }
-        printf("%s %s: optional entries runs %d/3, stream %d/4, fused %d/6\n", k->name, dname[d], runs, stream, fused);
+        printf("%s %s: optional entries runs %d/3, stream %d/4, fused %d/6, second order %d/4\n", k->name, dname[d],
+               runs, stream, fused, gg);
     }
 }
 
@@ -835,8 +844,208 @@ static void check_table(const cfbn_kernels *k)
     printf("kernel_check %s: %ld passed, %ld failed\n", k->name, n_pass - before_pass, n_fail - before_fail);
 }
 
+/* ---- second-order gradient (cfbn_gg_*) ----
+ * Every table's ggstats and ggapply through the router (a table without an
+ * entry runs the scalar table's) against the scalar table.  ggx is the
+ * case's side input; the seven apply parameters a1, b1, c1, a2, b2, c2, e2
+ * are drawn per column.
+ *   - sums: as the gradient sums (check_one), 2e-12 of the sum of the
+ *     terms' magnitudes, plus 6 float ulps of it for the float-compute types
+ *     (kernels may sum float blocks, cfbn.h);
+ *   - ddy and dx: 4 ulps of the sum of the terms' magnitudes (FMAs against
+ *     separate roundings: ddy's at most 2.5 ulps apart, dx's 3.5), plus one
+ *     storage ulp (storage_ulp) of the result. */
+
+#define GG_NPAR 7
+
+typedef struct {
+    tcase t;
+    void *par[GG_NPAR];   /* a1, b1, c1, a2, b2, c2, e2: float or double, w entries */
+    region rg[GG_NPAR];
+} ggcase;
+
+static void gg_make(ggcase *g, int dt, int rows_kind, int64_t rows, int64_t w, int scenario)
+{
+    case_make(&g->t, dt, rows_kind, rows, w, scenario);
+    int64_t np = rows_kind ? w : 1;
+    int pdt = dt == CFBN_F64 ? CFBN_F64 : CFBN_F32;
+    for (int k = 0; k < GG_NPAR; k++) {
+        g->par[k] = alloc_guarded((size_t)np * esize[pdt], &g->rg[k]);
+        /* c1 and e2 are the offsets */
+        for (int64_t j = 0; j < np; j++) put(pdt, g->par[k], j, (k == 2 || k == 6 ? 0.1 : 1.0) * rng_normal());
+    }
+}
+
+static void gg_free(ggcase *g)
+{
+    for (int k = 0; k < GG_NPAR; k++) free_guarded(&g->rg[k]);
+    case_free(&g->t);
+}
+
+/* stats: sums to o1; else ddy to o1 and dx to o2 */
+static void gg_call(const cfbn_kernels *k, const ggcase *g, int stats, const void *dy, const void *x, const void *q,
+                    void *o1, void *o2)
+{
+    const tcase *t = &g->t;
+    int64_t nr = t->rows_kind ? t->rows : t->n;
+    cfbn_gg_f32 pf = {t->mhi, t->mlo, g->par[0], g->par[1], g->par[2], g->par[3], g->par[4], g->par[5],
+                      g->par[6], g_stream};
+    cfbn_gg_f64 pd = {t->mhi, t->mlo, g->par[0], g->par[1], g->par[2], g->par[3], g->par[4], g->par[5],
+                      g->par[6], g_stream};
+    const void *p = t->dt == CFBN_F64 ? (const void *)&pd : &pf;
+    if (stats) cfbn_route_ggstats(k, t->dt, dy, x, q, nr, t->w, !t->rows_kind, 1, 0, p, o1);
+    else cfbn_route_ggapply(k, t->dt, dy, x, q, o1, o2, nr, t->w, !t->rows_kind, 1, 0, p);
+}
+
+static int gg_report(const cfbn_kernels *k, const ggcase *g, int scenario, const char *what, int64_t i,
+                     double got, double want, double tol)
+{
+    const tcase *t = &g->t;
+    if (n_fail < 40)
+        fprintf(stderr, "FAIL %s %s_%s n=%lld rows=%lld w=%lld scenario=%d stream=%d: %s at %lld: got %.17g want "
+                "%.17g tol %.3g\n", k->name, t->rows_kind ? "gg_rows" : "gg_run", dname[t->dt], (long long)t->n,
+                (long long)t->rows, (long long)t->w, scenario, g_stream, what, (long long)i, got, want, tol);
+    return 0;
+}
+
+static int check_ggstats(const cfbn_kernels *k, const ggcase *g, int scenario)
+{
+    static const char *sname[5] = {"sum g", "sum g d", "sum q", "sum q d", "sum q g"};
+    const tcase *t = &g->t;
+    int dt = t->dt;
+    int64_t np = t->rows_kind ? t->w : 1, nr = t->rows_kind ? t->rows : t->n, step = t->rows_kind ? t->w : 1;
+    outbuf ref, got;
+    out_init(&ref, (size_t)(5 * np), 8);
+    out_init(&got, (size_t)(5 * np), 8);
+    out_poison(&ref);
+    out_poison(&got);
+    gg_call(&cfbn_kernels_scalar, g, 1, t->dy, t->x, t->side, ref.p, NULL);
+    gg_call(k, g, 1, t->dy, t->x, t->side, got.p, NULL);
+    int ok = out_guards_ok(&got) ? 1 : gg_report(k, g, scenario, "sums: guard overwritten", -1, 0, 0, 0);
+    const double *r = (const double *)ref.p, *s = (const double *)got.p;
+    double blk = dt != CFBN_F64 ? 6.0 * FLT_EPSILON : 0.0;
+    for (int64_t j = 0; j < np && ok; j++) {
+        double m[5] = {0.0, 0.0, 0.0, 0.0, 0.0};   /* sums of |terms| */
+        for (int64_t e = 0; e < nr; e++) {
+            int64_t i = j + e * step;
+            double gv = get(dt, t->dy, i), qv = get(dt, t->side, i);
+            double d = centered(dt, get(dt, t->x, i), pget(t, t->mhi, j), pget(t, t->mlo, j));
+            m[0] += fabs(gv);
+            m[1] += fabs(gv * d);
+            m[2] += fabs(qv);
+            m[3] += fabs(qv * d);
+            m[4] += fabs(qv * gv);
+        }
+        for (int q = 0; q < 5 && ok; q++) {
+            double tol = (2e-12 + blk) * m[q] + 1e-300, have = s[q * np + j], want = r[q * np + j];
+            if (!(fabs(have - want) <= tol)) ok = gg_report(k, g, scenario, sname[q], j, have, want, tol);
+        }
+    }
+    out_free(&ref);
+    out_free(&got);
+    if (ok) n_pass++;
+    else n_fail++;
+    return ok;
+}
+
+/* inplace: 0 separate outputs; 1 ddy is dy's array and dx x's; 2 ddy is
+ * ggx's and dx dy's.  mis_ddy, mis_dx: the outputs' misalignment in
+ * elements (out_init). */
+static int check_ggapply(const cfbn_kernels *k, const ggcase *g, int scenario, int inplace, int mis_ddy, int mis_dx)
+{
+    const tcase *t = &g->t;
+    int dt = t->dt;
+    size_t es = esize[dt];
+    outbuf ry, rx, oy, ox;
+    out_init(&ry, (size_t)t->n, es);
+    out_init(&rx, (size_t)t->n, es);
+    g_misalign = mis_ddy;
+    out_init(&oy, (size_t)t->n, es);
+    g_misalign = mis_dx;
+    out_init(&ox, (size_t)t->n, es);
+    g_misalign = 1;
+    out_poison(&ry);
+    out_poison(&rx);
+    out_poison(&oy);
+    out_poison(&ox);
+    const void *dy = t->dy, *x = t->x, *q = t->side;
+    if (inplace) {
+        memcpy(oy.p, inplace == 1 ? t->dy : t->side, oy.bytes);
+        memcpy(ox.p, inplace == 1 ? t->x : t->dy, ox.bytes);
+        if (inplace == 1) dy = oy.p, x = ox.p;
+        else q = oy.p, dy = ox.p;
+    }
+    gg_call(&cfbn_kernels_scalar, g, 0, t->dy, t->x, t->side, ry.p, rx.p);
+    gg_call(k, g, 0, dy, x, q, oy.p, ox.p);
+    const char *how = inplace == 1 ? " in place" : inplace ? " in place 2" : "";
+    int ok = out_guards_ok(&oy) && out_guards_ok(&ox) ? 1 : gg_report(k, g, scenario, "guard overwritten", -1, 0, 0, 0);
+    double eps = dt == CFBN_F64 ? DBL_EPSILON : FLT_EPSILON;
+    for (int64_t i = 0; i < t->n && ok; i++) {
+        int64_t j = t->rows_kind ? i % t->w : 0;
+        double gv = get(dt, t->dy, i), qv = get(dt, t->side, i);
+        double d = centered(dt, get(dt, t->x, i), pget(t, t->mhi, j), pget(t, t->mlo, j));
+        double a[GG_NPAR];
+        for (int c = 0; c < GG_NPAR; c++) a[c] = pget(t, g->par[c], j);
+        double mag[2] = {fabs(qv * a[0]) + fabs(d * a[1]) + fabs(a[2]),
+                         fabs(gv * a[3]) + fabs(qv * a[4]) + fabs(d * a[5]) + fabs(a[6])};
+        const outbuf *want_b[2] = {&ry, &rx}, *have_b[2] = {&oy, &ox};
+        for (int o = 0; o < 2 && ok; o++) {
+            double want = get(dt, want_b[o]->p, i), have = get(dt, have_b[o]->p, i);
+            double tol = 4.0 * eps * mag[o] + storage_ulp(dt, want) + 1e-300;
+            if (!(have == want || fabs(have - want) <= tol)) {
+                char msg[80];
+                snprintf(msg, sizeof msg, "%s%s (misaligned %d %d)", o ? "dx" : "ddy", how, mis_ddy, mis_dx);
+                ok = gg_report(k, g, scenario, msg, i, have, want, tol);
+            }
+        }
+    }
+    out_free(&ry);
+    out_free(&rx);
+    out_free(&oy);
+    out_free(&ox);
+    if (ok) n_pass++;
+    else n_fail++;
+    return ok;
+}
+
+static void check_gg_case(const cfbn_kernels *k, int dt, int rows_kind, int64_t rows, int64_t w, int scenario)
+{
+    ggcase g;
+    gg_make(&g, dt, rows_kind, rows, w, scenario);
+    check_ggstats(k, &g, scenario);
+    /* the exponent-range scenarios (4 to 7) exist for the sums */
+    if (scenario < 4) {
+        for (int inplace = 0; inplace <= 2; inplace++) check_ggapply(k, &g, scenario, inplace, 1, 1);
+        /* the streaming hint: outputs aligned, misaligned alike, and apart */
+        g_stream = 1;
+        for (int m = 0; m < 4; m++) check_ggapply(k, &g, scenario, 0, m & 1, m >> 1);
+        g_stream = 0;
+    }
+    gg_free(&g);
+}
+
+static void check_gg_table(const cfbn_kernels *k)
+{
+    static const int64_t ns[] = {0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 49, 64, 100, 1000};
+    static const int64_t rows[] = {0, 1, 2, 3, 4, 5, 64};
+    static const int64_t ws[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 24, 64, 72, 1024, 1032};
+    long before_pass = n_pass, before_fail = n_fail;
+    for (int dt = 0; dt < N_DTYPES; dt++) {
+        for (int s = 0; s < SCENARIOS; s++) {
+            /* short: random data, a large mean and one end of the exponent range */
+            if (g_short && s != 0 && s != 1 && s != 4) continue;
+            for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) check_gg_case(k, dt, 0, ns[a], 1, s);
+            for (size_t a = 0; a < sizeof rows / sizeof *rows; a++)
+                for (size_t b = 0; b < sizeof ws / sizeof *ws; b++) check_gg_case(k, dt, 1, rows[a], ws[b], s);
+        }
+    }
+    printf("kernel_check %s second-order gradient: %ld passed, %ld failed\n", k->name, n_pass - before_pass,
+           n_fail - before_fail);
+}
+
 /* A copy of k without its optional entries, named "<name>-plain": the
- * routing layer's fallbacks over k's plain kernels. */
+ * routing layer's fallbacks over k's plain kernels (and the scalar table's
+ * second-order entries). */
 static cfbn_kernels plain_only(const cfbn_kernels *k, char *name, size_t len)
 {
     cfbn_kernels b = *k;
@@ -850,6 +1059,7 @@ static cfbn_kernels plain_only(const cfbn_kernels *k, char *name, size_t len)
         o->gapply_run_stream = NULL; o->gapply_rows_stream = NULL;
         o->apply_run_fused = NULL; o->apply_rows_fused = NULL; o->gstats_run_fused = NULL;
         o->gstats_rows_fused = NULL; o->gapply_run_fused = NULL; o->gapply_rows_fused = NULL;
+        o->ggstats_run = NULL; o->ggstats_rows = NULL; o->ggapply_run = NULL; o->ggapply_rows = NULL;
     }
     cfbn_double_kernels *d = &b.f64;
     d->apply_runs = NULL; d->gstats_runs = NULL; d->gapply_runs = NULL;
@@ -857,6 +1067,7 @@ static cfbn_kernels plain_only(const cfbn_kernels *k, char *name, size_t len)
     d->gapply_run_stream = NULL; d->gapply_rows_stream = NULL;
     d->apply_run_fused = NULL; d->apply_rows_fused = NULL; d->gstats_run_fused = NULL;
     d->gstats_rows_fused = NULL; d->gapply_run_fused = NULL; d->gapply_rows_fused = NULL;
+    d->ggstats_run = NULL; d->ggstats_rows = NULL; d->ggapply_run = NULL; d->ggapply_rows = NULL;
     return b;
 }
 
@@ -868,9 +1079,13 @@ static void check_all(const cfbn_kernels *k)
     print_entries(k);
     check_narrowing(k);
     check_table(k);
+    check_gg_table(k);
     check_fused_table(k);
     cfbn_kernels b = plain_only(k, name, sizeof name);
-    if (!g_short) check_table(&b);
+    if (!g_short) {
+        check_table(&b);
+        check_gg_table(&b);
+    }
     check_fused_table(&b);
 }
 
@@ -898,6 +1113,9 @@ int main(void)
     check_all(&cfbn_kernels_neon);
     tested++;
 #endif
-    if (!tested) check_table(&cfbn_kernels_scalar);
+    if (!tested) {
+        check_table(&cfbn_kernels_scalar);
+        check_gg_table(&cfbn_kernels_scalar);
+    }
     return n_fail != 0;
 }
