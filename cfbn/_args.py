@@ -279,10 +279,7 @@ def side_input(side_input, x):
 
 
 def check_side_input(side, x):
-    if side.dtype != x.dtype:
-        raise TypeError("side_input: expected dtype %s to match x, got %s" % (x.dtype, side.dtype))
-    if side.shape != x.shape:
-        raise ValueError("side_input: expected x's shape %s, got %s" % (x.shape, side.shape))
+    check_like_x(side, x, "side_input")
 
 
 def check_offset_given(act, offset):
@@ -300,10 +297,7 @@ def check_like_x(a, x, name):
 
 
 def check_dy(dy, x):
-    if dy.dtype != x.dtype:
-        raise TypeError("y_backprop: expected dtype %s to match x, got %s" % (x.dtype, dy.dtype))
-    if dy.shape != x.shape:
-        raise ValueError("y_backprop: expected x's shape %s, got %s" % (x.shape, dy.shape))
+    check_like_x(dy, x, "y_backprop")
 
 
 def index(value, name, expected="an int"):
