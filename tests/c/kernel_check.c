@@ -1026,7 +1026,7 @@ static void check_gg_case(const cfbn_kernels *k, int dt, int rows_kind, int64_t 
 
 static void check_gg_table(const cfbn_kernels *k)
 {
-    static const int64_t ns[] = {0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 49, 64, 100, 1000};
+    static const int64_t ns[] = {0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 49, 57, 63, 64, 100, 127, 200, 1000};
     static const int64_t rows[] = {0, 1, 2, 3, 4, 5, 64};
     static const int64_t ws[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 24, 64, 72, 1024, 1032};
     long before_pass = n_pass, before_fail = n_fail;
