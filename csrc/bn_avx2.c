@@ -1901,9 +1901,9 @@ EXTRA_ENTRIES(bf16, CFBN_BF16)
  * for each 4 elements) was twice as slow from L1 (0.34 against 0.18 ns an
  * element on 3136-element runs) and 5.3 against 4.0 ms from memory on
  * (32,56,56,64) float32 rows, whose three tensors take 3.5 ms to read.
- * What is left over (under 64 elements of a stream, under 8 rows) goes a
- * vector at a time in double.  A column whose float sums left float's
- * range is summed again in double (gg_needs_double).  Rows go in blocks of
+ * The rows left after the blocks of 8 go a vector at a time in double.  A
+ * column whose float sums left float's range is summed again in double
+ * (gg_needs_double).  Rows go in blocks of
  * 8 rows, each group of 8 columns summed in registers and added to acc
  * (5 w doubles, in L1) once per block; widths dividing 8 go as one flat
  * stream with per-lane parameters. */
@@ -2051,20 +2051,37 @@ INLINE void gg_load_ps(const void *dy, const void *x, const void *ggx, int64_t e
     *u = _mm256_sub_ps(ld_part(x, e, cnt, avail, dt), and_ps(m, mask_ps(cnt)));
 }
 
+/* Vector v (of nv, the last holding last elements) as gg_load_ps loads it,
+ * zero past nv. */
+INLINE void gg_slot_ps(const void *dy, const void *x, const void *ggx, int64_t e, int64_t v, int64_t nv, int part,
+                       int64_t cnt, int64_t last, int64_t avail, __m256 m, int dt, __m256 *g, __m256 *q, __m256 *u)
+{
+    if (v < nv - 1 || (v == nv - 1 && !part && last == 8)) {
+        gg_load_ps(dy, x, ggx, e, part, cnt, avail, m, dt, g, q, u);
+    } else if (v == nv - 1) {
+        gg_load_ps(dy, x, ggx, e, 1, last, avail, m, dt, g, q, u);
+    } else {
+        *g = *q = *u = _mm256_setzero_ps();
+    }
+}
+
 /* The five sums of 8 vectors, vector v at element e0 + v step of n (with
- * part, cnt elements of each): pairwise in float, in tree8's and
- * dot_tree8's order, then widened to lanes 0..3 (lo) and 4..7 (hi). */
+ * part, cnt elements of each), the first nv of them (the last of which
+ * holds last elements; nv 8 and last cnt: all alike): pairwise in float,
+ * in tree8's and dot_tree8's order, then widened to lanes 0..3 (lo) and
+ * 4..7 (hi). */
 INLINE void gg_block_ps(const void *dy, const void *x, const void *ggx, int64_t e0, int64_t step, int64_t n,
-                        int part, int64_t cnt, __m256 m, __m256 l, int dt, acc5 *lo, acc5 *hi)
+                        int part, int64_t cnt, int64_t nv, int64_t last, __m256 m, __m256 l, int dt, acc5 *lo,
+                        acc5 *hi)
 {
     __m256 h[2][5];
     for (int b = 0; b < 2; b++) {
         __m256 s[2][5];
         for (int k = 0; k < 2; k++) {
-            const int64_t e = e0 + (4 * b + 2 * k) * step;
+            const int64_t v = 4 * b + 2 * k, e = e0 + v * step;
             __m256 g0, q0, u0, g1, q1, u1;
-            gg_load_ps(dy, x, ggx, e, part, cnt, n - e, m, dt, &g0, &q0, &u0);
-            gg_load_ps(dy, x, ggx, e + step, part, cnt, n - e - step, m, dt, &g1, &q1, &u1);
+            gg_slot_ps(dy, x, ggx, e, v, nv, part, cnt, last, n - e, m, dt, &g0, &q0, &u0);
+            gg_slot_ps(dy, x, ggx, e + step, v + 1, nv, part, cnt, last, n - e - step, m, dt, &g1, &q1, &u1);
             s[k][0] = _mm256_add_ps(g0, g1);
             s[k][1] = _mm256_fmadd_ps(g1, u1, _mm256_mul_ps(g0, u0));
             s[k][2] = _mm256_add_ps(q0, q1);
@@ -2099,8 +2116,8 @@ INLINE void gg_step_pd(acc5 *a, __m256d g, __m256d q, __m256d d)
 }
 
 /* The five sums of one vector (part: its first cnt elements) in double,
- * d = (x - mhi) - mlo as bn_scalar.c forms it: the pieces too short for a
- * block, where a block's conversions cost more than these. */
+ * d = (x - mhi) - mlo as bn_scalar.c forms it: the rows left after the
+ * blocks of 8. */
 INLINE void gg_step_ps(const void *dy, const void *x, const void *ggx, int64_t e, int part, int64_t cnt,
                        int64_t avail, __m256 m, __m256 l, int dt, acc5 *lo, acc5 *hi)
 {
@@ -2112,34 +2129,46 @@ INLINE void gg_step_ps(const void *dy, const void *x, const void *ggx, int64_t e
 }
 
 /* n elements whose lane l of every 8 has the parameters of lane l of m, l
- * (a run: broadcast): blocks of 64, then vectors in double */
+ * (a run: broadcast), in blocks of 64 */
 INLINE void ggstats_flat_ps(const void *dy, const void *x, const void *ggx, int64_t n, __m256 m, __m256 l, int dt,
                             acc5 *lo, acc5 *hi)
 {
     acc5 a = acc5_zero(), b = acc5_zero(), c, d;
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
-        gg_block_ps(dy, x, ggx, i, 8, n, 0, 8, m, l, dt, &c, &d);
+        gg_block_ps(dy, x, ggx, i, 8, n, 0, 8, 8, 8, m, l, dt, &c, &d);
         a = acc5_add(a, c);
         b = acc5_add(b, d);
     }
-    /* the rest into sums of their own, which keeps the block sums out of
-     * the loop's registers */
+    /* The rest (up to 63 elements, a 7x7 plane) as one more block of its
+     * nv vectors, nv a constant in each case so that the missing vectors
+     * cost no loads: 49 elements took 27 ns a vector at a time in double,
+     * 19 ns so. */
+    const int64_t nv = (n - i + 7) / 8, last = n - i - 8 * (nv - 1);
     c = d = acc5_zero();
-    for (; i + 8 <= n; i += 8) gg_step_ps(dy, x, ggx, i, 0, 8, n - i, m, l, dt, &c, &d);
-    if (i < n) gg_step_ps(dy, x, ggx, i, 1, n - i, n - i, m, l, dt, &c, &d);
+    switch (nv) {
+    case 1: gg_block_ps(dy, x, ggx, i, 8, n, 0, 8, 1, last, m, l, dt, &c, &d); break;
+    case 2: gg_block_ps(dy, x, ggx, i, 8, n, 0, 8, 2, last, m, l, dt, &c, &d); break;
+    case 3: gg_block_ps(dy, x, ggx, i, 8, n, 0, 8, 3, last, m, l, dt, &c, &d); break;
+    case 4: gg_block_ps(dy, x, ggx, i, 8, n, 0, 8, 4, last, m, l, dt, &c, &d); break;
+    case 5: gg_block_ps(dy, x, ggx, i, 8, n, 0, 8, 5, last, m, l, dt, &c, &d); break;
+    case 6: gg_block_ps(dy, x, ggx, i, 8, n, 0, 8, 6, last, m, l, dt, &c, &d); break;
+    case 7: gg_block_ps(dy, x, ggx, i, 8, n, 0, 8, 7, last, m, l, dt, &c, &d); break;
+    case 8: gg_block_ps(dy, x, ggx, i, 8, n, 0, 8, 8, last, m, l, dt, &c, &d); break;
+    default: break;
+    }
     *lo = acc5_add(a, c);
     *hi = acc5_add(b, d);
 }
 
 /* columns [j, j + cnt) (cnt 1..8) of kr rows from element o of n, added to
- * acc: 8 rows as a block, fewer in double */
+ * acc: 8 rows as a block, fewer a row at a time in double */
 INLINE void ggstats_cols_ps(const void *dy, const void *x, const void *ggx, int64_t n, int64_t o, int64_t j,
                             int64_t w, int64_t kr, int64_t cnt, __m256 m, __m256 l, double *acc, int dt)
 {
     acc5 lo = acc5_zero(), hi = acc5_zero();
     if (kr == 8) {
-        gg_block_ps(dy, x, ggx, o + j, w, n, cnt < 8, cnt, m, l, dt, &lo, &hi);
+        gg_block_ps(dy, x, ggx, o + j, w, n, cnt < 8, cnt, 8, cnt, m, l, dt, &lo, &hi);
     } else {
         for (int64_t k = 0; k < kr; k++) {
             const int64_t e = o + k * w + j;
@@ -2156,7 +2185,7 @@ INLINE void ggstats_run_ps(const void *dy, const void *x, const void *ggx, int64
     acc5 lo, hi;
     ggstats_flat_ps(dy, x, ggx, n, _mm256_set1_ps(p->mhi[0]), _mm256_set1_ps(p->mlo[0]), dt, &lo, &hi);
     acc5_total(acc5_add(lo, hi), acc);
-    if (n >= 64) ggstats_redo_ps(dy, x, ggx, n, 1, p, acc, dt);
+    ggstats_redo_ps(dy, x, ggx, n, 1, p, acc, dt);
 }
 
 INLINE void ggstats_rows_ps(const void *dy, const void *x, const void *ggx, int64_t rows, int64_t w,
@@ -2173,7 +2202,7 @@ INLINE void ggstats_rows_ps(const void *dy, const void *x, const void *ggx, int6
         acc5_store(&lo, lanes, 8);
         acc5_store(&hi, lanes + 4, 8);
         fold_lanes5(lanes, 8, w, acc);
-        if (rows * w >= 64) ggstats_redo_ps(dy, x, ggx, rows, w, p, acc, dt);
+        ggstats_redo_ps(dy, x, ggx, rows, w, p, acc, dt);
         return;
     }
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
