@@ -108,32 +108,34 @@ static void free_guarded(region *rg) { munmap(rg->base, rg->len); }
 #define GUARD 16
 static const unsigned char GUARD_BYTE = 0xa5;
 
-/* Output buffer: GUARD elements of GUARD_BYTE either side; by default one
- * element of misalignment so no ISA can rely on vector-aligned outputs.
- * g_misalign = 0 gives a 16-byte aligned output, the case in which the
- * streaming (non-temporal) paths are taken. */
+/* Output buffer: at least GUARD elements of GUARD_BYTE either side; by
+ * default one element of misalignment so no ISA can rely on vector-aligned
+ * outputs.  g_misalign = 0 gives a 64-byte aligned output (a cache line's
+ * start), the case in which the streaming (non-temporal) paths are taken. */
 static int g_misalign = 1;
 /* the stream hint handed to the kernels under test */
 static int g_stream = 0;
 typedef struct {
     unsigned char *raw;
     unsigned char *p;
-    size_t bytes, es;
+    size_t bytes, es, len;
 } outbuf;
 
 static void out_init(outbuf *o, size_t count, size_t es)
 {
     o->es = es;
     o->bytes = count * es;
-    o->raw = malloc(o->bytes + (2 * GUARD + 1) * es);
+    o->len = o->bytes + (2 * GUARD + 1) * es + 64;
+    o->raw = malloc(o->len);
     if (!o->raw) exit(2);
-    o->p = o->raw + (GUARD + g_misalign) * es;
-    memset(o->raw, GUARD_BYTE, o->bytes + (2 * GUARD + 1) * es);
+    uintptr_t start = ((uintptr_t)o->raw + GUARD * es + 63) & ~(uintptr_t)63;
+    o->p = (unsigned char *)start + g_misalign * es;
+    memset(o->raw, GUARD_BYTE, o->len);
 }
 
 static void out_poison(outbuf *o)
 {
-    memset(o->raw, GUARD_BYTE, o->bytes + (2 * GUARD + 1) * o->es);
+    memset(o->raw, GUARD_BYTE, o->len);
     size_t n = o->bytes / o->es;
     for (size_t i = 0; i < n; i++) {
         if (o->es == 8) {
@@ -153,8 +155,8 @@ static int out_guards_ok(const outbuf *o)
 {
     for (size_t i = 0; i < (size_t)(o->p - o->raw); i++)
         if (o->raw[i] != GUARD_BYTE) return 0;
-    for (size_t i = 0; i < GUARD * o->es; i++)
-        if (o->p[o->bytes + i] != GUARD_BYTE) return 0;
+    for (size_t i = (size_t)(o->p - o->raw) + o->bytes; i < o->len; i++)
+        if (o->raw[i] != GUARD_BYTE) return 0;
     return 1;
 }
 
