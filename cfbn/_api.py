@@ -339,12 +339,12 @@ def runtime_info():
 def output_cache_info():
     """What the output cache holds and has done.
 
-    Outputs of at least ``min_bytes`` (32 MiB) that cfbn allocates are made
+    Outputs of at least ``min_bytes`` (1 MiB) that cfbn allocates are made
     through a cache: when such an array is freed, its buffer is kept (up to
     ``limit`` bytes in all, oldest dropped first) and the next output of the
-    same size reuses it.  A fresh buffer that large is a new memory mapping,
-    which the OS faults in and zeroes on first touch, at about the cost of a
-    whole normalization pass.  Pass ``out=`` arrays to avoid allocation
+    same size reuses it.  A fresh buffer that large is memory the OS faults
+    in and zeroes on first touch (glibc maps it anew or trims it from the
+    heap when freed), at about the cost of a whole normalization pass.  Pass ``out=`` arrays to avoid allocation
     altogether.
 
     Returns
