@@ -2069,7 +2069,8 @@ INLINE void gg_slot_ps(const void *dy, const void *x, const void *ggx, int64_t e
  * part, cnt elements of each), the first nv of them (the last of which
  * holds last elements; nv 8 and last cnt: all alike): pairwise in float,
  * in tree8's and dot_tree8's order, then widened to lanes 0..3 (lo) and
- * 4..7 (hi). */
+ * 4..7 (hi).  n < 0: each vector is readable only up to its cnt elements
+ * (8 runs of a channel, not one stream). */
 INLINE void gg_block_ps(const void *dy, const void *x, const void *ggx, int64_t e0, int64_t step, int64_t n,
                         int part, int64_t cnt, int64_t nv, int64_t last, __m256 m, __m256 l, int dt, acc5 *lo,
                         acc5 *hi)
@@ -2080,8 +2081,9 @@ INLINE void gg_block_ps(const void *dy, const void *x, const void *ggx, int64_t 
         for (int k = 0; k < 2; k++) {
             const int64_t v = 4 * b + 2 * k, e = e0 + v * step;
             __m256 g0, q0, u0, g1, q1, u1;
-            gg_slot_ps(dy, x, ggx, e, v, nv, part, cnt, last, n - e, m, dt, &g0, &q0, &u0);
-            gg_slot_ps(dy, x, ggx, e + step, v + 1, nv, part, cnt, last, n - e - step, m, dt, &g1, &q1, &u1);
+            const int64_t av0 = n < 0 ? cnt : n - e, av1 = n < 0 ? cnt : n - e - step;
+            gg_slot_ps(dy, x, ggx, e, v, nv, part, cnt, last, av0, m, dt, &g0, &q0, &u0);
+            gg_slot_ps(dy, x, ggx, e + step, v + 1, nv, part, cnt, last, av1, m, dt, &g1, &q1, &u1);
             s[k][0] = _mm256_add_ps(g0, g1);
             s[k][1] = _mm256_fmadd_ps(g1, u1, _mm256_mul_ps(g0, u0));
             s[k][2] = _mm256_add_ps(q0, q1);
@@ -2233,6 +2235,55 @@ INLINE void ggstats_rows_ps(const void *dy, const void *x, const void *ggx, int6
     if (rows >= 8) ggstats_redo_ps(dy, x, ggx, rows, w, p, acc, dt);
 }
 
+/* Several runs of one channel (runs, stride) in one call.  Short runs (7x7
+ * planes) go 8 at a time, the 8 runs' vectors at each position summed as
+ * the 8 vectors of a block (8 rows of the rows kernel); longer runs, the
+ * runs left over, and strides of a multiple of 4 KB (gstats_runs_ps) one
+ * after another.  The blocks' sums stay in double vectors across runs and
+ * are tested once, on the totals, as one run of all the elements would be;
+ * a channel that needs double is summed again run by run as the scalar
+ * table's runs are. */
+INLINE void ggstats_runs_ps(const void *dy, const void *x, const void *ggx, int64_t n, const cfbn_gg_f32 *p,
+                            double *acc, int dt)
+{
+    const __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
+    const int64_t st = p->stride, es = dt ? 2 : 4;
+    acc5 a = acc5_zero(), lo, hi;
+    int64_t k = 0;
+    if (n <= SHORT_RUN && (st * es) % 4096 != 0) {
+        const int64_t full = n & ~(int64_t)7, cnt = n - full;
+        for (; k + 8 <= p->runs; k += 8) {
+            for (int64_t i = 0; i < full; i += 8) {
+                gg_block_ps(dy, x, ggx, k * st + i, st, 0, 0, 8, 8, 8, m, l, dt, &lo, &hi);
+                a = acc5_add(a, acc5_add(lo, hi));
+            }
+            if (cnt) {
+                gg_block_ps(dy, x, ggx, k * st + full, st, -1, 1, cnt, 8, cnt, m, l, dt, &lo, &hi);
+                a = acc5_add(a, acc5_add(lo, hi));
+            }
+        }
+    }
+    for (; k < p->runs; k++) {
+        const char *g = elem_at(dy, k * st, dt), *u = elem_at(x, k * st, dt), *q = elem_at(ggx, k * st, dt);
+        prefetch_next_run(g, n * es);
+        prefetch_next_run(u, n * es);
+        prefetch_next_run(q, n * es);
+        ggstats_flat_ps(g, u, q, n, m, l, dt, &lo, &hi);
+        a = acc5_add(a, acc5_add(lo, hi));
+    }
+    acc5_total(a, acc);
+    const double count = (double)n * (double)p->runs;
+    if (gg_suspect(acc, 1, count * TINY_SUM) && gg_needs_double(acc, 1, count, p->mhi[0], p->mlo[0])) {
+        double sum[5] = {0.0, 0.0, 0.0, 0.0, 0.0}, part[5];
+        for (k = 0; k < p->runs; k++) {
+            ggstats_column_pd(elem_at(dy, k * st, dt), elem_at(x, k * st, dt), elem_at(ggx, k * st, dt), n, 1, 0,
+                              p->mhi[0], p->mlo[0], part, dt);
+            for (int j = 0; j < 5; j++) sum[j] += part[j];
+        }
+        for (int j = 0; j < 5; j++) acc[j] = sum[j];
+    }
+}
+
 /* the nine parameter arrays, in ggapply_ps's order */
 #define GG_NPAR 9
 INLINE void gg_arrays_ps(const cfbn_gg_f32 *p, const float **v)
@@ -2326,6 +2377,25 @@ INLINE void ggapply_run_ps(const void *dy, const void *x, const void *ggx, void 
     if (nt) _mm_sfence();
 }
 
+/* Several runs of one channel, regular stores: the parameters broadcast
+ * once, each run prefetching the next's inputs. */
+INLINE void ggapply_runs_ps(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t n,
+                            const cfbn_gg_f32 *p, int dt)
+{
+    const float *v[GG_NPAR];
+    __m256 c[GG_NPAR];
+    gg_arrays_ps(p, v);
+    for (int k = 0; k < GG_NPAR; k++) c[k] = _mm256_set1_ps(v[k][0]);
+    const int64_t st = p->stride, es = dt ? 2 : 4;
+    for (int64_t k = 0; k < p->runs; k++) {
+        const char *g = elem_at(dy, k * st, dt), *u = elem_at(x, k * st, dt), *q = elem_at(ggx, k * st, dt);
+        prefetch_next_run(g, n * es);
+        prefetch_next_run(u, n * es);
+        prefetch_next_run(q, n * es);
+        ggapply_flat_ps(g, u, q, (void *)elem_at(ddy, k * st, dt), (void *)elem_at(dx, k * st, dt), n, c, dt, 0);
+    }
+}
+
 INLINE void ggapply_rows_ps(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t rows,
                             int64_t w, const cfbn_gg_f32 *p, int dt)
 {
@@ -2387,6 +2457,23 @@ CFBN_FLOAT_ENTRIES(bf16, CFBN_BF16, ps)
 CFBN_GG_ENTRIES(f32, CFBN_F32, ps)
 CFBN_GG_ENTRIES(f16, CFBN_F16, ps)
 CFBN_GG_ENTRIES(bf16, CFBN_BF16, ps)
+
+#define GG_RUNS_ENTRIES(sfx, DT)                                                                              \
+    static void ggstats_runs_##sfx(const void *dy, const void *x, const void *ggx, int64_t n,                 \
+                                   const cfbn_gg_f32 *p, double *acc)                                         \
+    {                                                                                                         \
+        ggstats_runs_ps(dy, x, ggx, n, p, acc, DT);                                                           \
+    }                                                                                                         \
+    static void ggapply_runs_##sfx(const void *dy, const void *x, const void *ggx, void *ddy, void *dx,       \
+                                   int64_t n, const cfbn_gg_f32 *p)                                           \
+    {                                                                                                         \
+        ggapply_runs_ps(dy, x, ggx, ddy, dx, n, p, DT);                                                       \
+    }
+#define GG_RUNS_TABLE(sfx) .ggstats_runs = ggstats_runs_##sfx, .ggapply_runs = ggapply_runs_##sfx
+
+GG_RUNS_ENTRIES(f32, CFBN_F32)
+GG_RUNS_ENTRIES(f16, CFBN_F16)
+GG_RUNS_ENTRIES(bf16, CFBN_BF16)
 
 /* ---- float64: 4 lanes; flat streams alternate two parameter sets over
  * 4-element blocks, so widths dividing 8 see whole columns per lane ---- */
@@ -2961,15 +3048,15 @@ static void ggapply_rows_f64(const void *dy_, const void *x_, const void *ggx_, 
 
 const cfbn_kernels cfbn_kernels_avx2 = {
     .name = "avx2",
-    .f32 = { CFBN_FLOAT_TABLE(f32), EXTRA_TABLE(f32), CFBN_GG_TABLE(f32) },
+    .f32 = { CFBN_FLOAT_TABLE(f32), EXTRA_TABLE(f32), CFBN_GG_TABLE(f32), GG_RUNS_TABLE(f32) },
     .f64 = {
         stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
         gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
         .ggstats_run = ggstats_run_f64, .ggstats_rows = ggstats_rows_f64,
         .ggapply_run = ggapply_run_f64, .ggapply_rows = ggapply_rows_f64,
     },
-    .f16 = { CFBN_FLOAT_TABLE(f16), EXTRA_TABLE(f16), CFBN_GG_TABLE(f16) },
-    .bf16 = { CFBN_FLOAT_TABLE(bf16), EXTRA_TABLE(bf16), CFBN_GG_TABLE(bf16) },
+    .f16 = { CFBN_FLOAT_TABLE(f16), EXTRA_TABLE(f16), CFBN_GG_TABLE(f16), GG_RUNS_TABLE(f16) },
+    .bf16 = { CFBN_FLOAT_TABLE(bf16), EXTRA_TABLE(bf16), CFBN_GG_TABLE(bf16), GG_RUNS_TABLE(bf16) },
 };
 
 #endif

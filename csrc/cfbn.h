@@ -120,14 +120,17 @@ typedef struct {
  *   ggapply: ddy = q * a1 + (d * b1 + c1)
  *            dx  = g * a2 + (q * b2 + (d * c2 + e2))
  * stream: a hint, as in the apply structs, that the outputs may be written
- * with non-temporal stores. */
+ * with non-temporal stores.  runs, stride: for the gg*_runs entries, as in
+ * the other structs (below); the router sets them. */
 typedef struct {
     const float *mhi, *mlo, *a1, *b1, *c1, *a2, *b2, *c2, *e2;
     int stream;
+    int64_t runs, stride;
 } cfbn_gg_f32;
 typedef struct {
     const double *mhi, *mlo, *a1, *b1, *c1, *a2, *b2, *c2, *e2;
     int stream;
+    int64_t runs, stride;
 } cfbn_gg_f64;
 
 /* One dtype's kernels, in one ISA.  Tensors are `const void *` in the
@@ -159,6 +162,8 @@ typedef struct {
  *               to acc[k * w + j]; ggapply writes ddy and dx.  One run per
  *               call.  The scalar table has all four; a NULL entry in
  *               another table runs the scalar table's.
+ *   gg*_runs    optional: p->runs > 1 runs of one channel in one call, as
+ *               *_runs (ggapply_runs with regular stores)
  * Differences x - mhi - mlo are formed in the compute type (float for f32,
  * f16 and bf16, double for f64); products for sums are formed and summed in
  * double.
@@ -234,6 +239,8 @@ typedef struct {
     cfbn_ggstats_rows_f32_fn ggstats_rows;
     cfbn_ggapply_run_f32_fn ggapply_run;
     cfbn_ggapply_rows_f32_fn ggapply_rows;
+    cfbn_ggstats_run_f32_fn ggstats_runs;
+    cfbn_ggapply_run_f32_fn ggapply_runs;
 } cfbn_float_kernels;
 
 typedef struct {
@@ -264,6 +271,8 @@ typedef struct {
     cfbn_ggstats_rows_f64_fn ggstats_rows;
     cfbn_ggapply_run_f64_fn ggapply_run;
     cfbn_ggapply_rows_f64_fn ggapply_rows;
+    cfbn_ggstats_run_f64_fn ggstats_runs;
+    cfbn_ggapply_run_f64_fn ggapply_runs;
 } cfbn_double_kernels;
 
 /* One ISA's table: a sub-table per dtype (enum cfbn_dtype).  A storage type

@@ -370,16 +370,18 @@ static void print_entries(const cfbn_kernels *k)
             stream = !!o->apply_run_stream + !!o->apply_rows_stream + !!o->gapply_run_stream + !!o->gapply_rows_stream;
             fused = !!o->apply_run_fused + !!o->apply_rows_fused + !!o->gstats_run_fused + !!o->gstats_rows_fused +
                     !!o->gapply_run_fused + !!o->gapply_rows_fused;
-            gg = !!o->ggstats_run + !!o->ggstats_rows + !!o->ggapply_run + !!o->ggapply_rows;
+            gg = !!o->ggstats_run + !!o->ggstats_rows + !!o->ggapply_run + !!o->ggapply_rows + !!o->ggstats_runs +
+                 !!o->ggapply_runs;
         } else {
             const cfbn_float_kernels *o = cfbn_route_float_table(k, d);
             runs = !!o->apply_runs + !!o->gstats_runs + !!o->gapply_runs;
             stream = !!o->apply_run_stream + !!o->apply_rows_stream + !!o->gapply_run_stream + !!o->gapply_rows_stream;
             fused = !!o->apply_run_fused + !!o->apply_rows_fused + !!o->gstats_run_fused + !!o->gstats_rows_fused +
                     !!o->gapply_run_fused + !!o->gapply_rows_fused;
-            gg = !!o->ggstats_run + !!o->ggstats_rows + !!o->ggapply_run + !!o->ggapply_rows;
+            gg = !!o->ggstats_run + !!o->ggstats_rows + !!o->ggapply_run + !!o->ggapply_rows + !!o->ggstats_runs +
+                 !!o->ggapply_runs;
         }
-        printf("%s %s: optional entries runs %d/3, stream %d/4, fused %d/6, second order %d/4\n", k->name, dname[d],
+        printf("%s %s: optional entries runs %d/3, stream %d/4, fused %d/6, second order %d/6\n", k->name, dname[d],
                runs, stream, fused, gg);
     }
 }
@@ -887,19 +889,26 @@ static void gg_free(ggcase *g)
     case_free(&g->t);
 }
 
-/* stats: sums to o1; else ddy to o1 and dx to o2 */
+/* stats: sums to o1; else ddy to o1 and dx to o2.  A run case: runs of n
+ * elements, stride apart (runs 1, n the case's for one run). */
+static void gg_call_runs(const cfbn_kernels *k, const ggcase *g, int stats, const void *dy, const void *x,
+                         const void *q, void *o1, void *o2, int64_t n, int64_t runs, int64_t stride)
+{
+    const tcase *t = &g->t;
+    cfbn_gg_f32 pf = {t->mhi, t->mlo, g->par[0], g->par[1], g->par[2], g->par[3], g->par[4], g->par[5],
+                      g->par[6], g_stream, 0, 0};
+    cfbn_gg_f64 pd = {t->mhi, t->mlo, g->par[0], g->par[1], g->par[2], g->par[3], g->par[4], g->par[5],
+                      g->par[6], g_stream, 0, 0};
+    const void *p = t->dt == CFBN_F64 ? (const void *)&pd : &pf;
+    if (stats) cfbn_route_ggstats(k, t->dt, dy, x, q, n, t->w, !t->rows_kind, runs, stride, p, o1);
+    else cfbn_route_ggapply(k, t->dt, dy, x, q, o1, o2, n, t->w, !t->rows_kind, runs, stride, p);
+}
+
 static void gg_call(const cfbn_kernels *k, const ggcase *g, int stats, const void *dy, const void *x, const void *q,
                     void *o1, void *o2)
 {
     const tcase *t = &g->t;
-    int64_t nr = t->rows_kind ? t->rows : t->n;
-    cfbn_gg_f32 pf = {t->mhi, t->mlo, g->par[0], g->par[1], g->par[2], g->par[3], g->par[4], g->par[5],
-                      g->par[6], g_stream};
-    cfbn_gg_f64 pd = {t->mhi, t->mlo, g->par[0], g->par[1], g->par[2], g->par[3], g->par[4], g->par[5],
-                      g->par[6], g_stream};
-    const void *p = t->dt == CFBN_F64 ? (const void *)&pd : &pf;
-    if (stats) cfbn_route_ggstats(k, t->dt, dy, x, q, nr, t->w, !t->rows_kind, 1, 0, p, o1);
-    else cfbn_route_ggapply(k, t->dt, dy, x, q, o1, o2, nr, t->w, !t->rows_kind, 1, 0, p);
+    gg_call_runs(k, g, stats, dy, x, q, o1, o2, t->rows_kind ? t->rows : t->n, 1, 0);
 }
 
 static int gg_report(const cfbn_kernels *k, const ggcase *g, int scenario, const char *what, int64_t i,
@@ -1013,11 +1022,106 @@ static int check_ggapply(const cfbn_kernels *k, const ggcase *g, int scenario, i
     return ok;
 }
 
+/* Several runs in one call (gg*_runs where the table has them): R runs of
+ * len elements, the case's n elements apart by n / R, against the scalar
+ * table called once per run; the sums with check_ggstats's tolerance, the
+ * outputs with check_ggapply's, the elements between runs left alone. */
+static int check_gg_runs(const cfbn_kernels *k, const ggcase *g, int scenario, int64_t R, int64_t len)
+{
+    const tcase *t = &g->t;
+    int dt = t->dt;
+    size_t es = esize[dt];
+    int64_t stride = t->n / R;
+    outbuf ry, rx, oy, ox;
+    out_init(&ry, (size_t)t->n, es);
+    out_init(&rx, (size_t)t->n, es);
+    out_init(&oy, (size_t)t->n, es);
+    out_init(&ox, (size_t)t->n, es);
+    out_poison(&ry);
+    out_poison(&rx);
+    out_poison(&oy);
+    out_poison(&ox);
+    double want[5] = {0.0, 0.0, 0.0, 0.0, 0.0}, have[5], mag[5] = {0.0, 0.0, 0.0, 0.0, 0.0};
+    for (int64_t r = 0; r < R; r++) {
+        size_t off = (size_t)(r * stride) * es;
+        double part[5];
+        gg_call_runs(&cfbn_kernels_scalar, g, 1, (const char *)t->dy + off, (const char *)t->x + off,
+                     (const char *)t->side + off, part, NULL, len, 1, 0);
+        gg_call_runs(&cfbn_kernels_scalar, g, 0, (const char *)t->dy + off, (const char *)t->x + off,
+                     (const char *)t->side + off, ry.p + off, rx.p + off, len, 1, 0);
+        for (int j = 0; j < 5; j++) want[j] += part[j];
+        for (int64_t e = 0; e < len; e++) {
+            int64_t i = r * stride + e;
+            double gv = get(dt, t->dy, i), qv = get(dt, t->side, i);
+            double d = centered(dt, get(dt, t->x, i), pget(t, t->mhi, 0), pget(t, t->mlo, 0));
+            mag[0] += fabs(gv);
+            mag[1] += fabs(gv * d);
+            mag[2] += fabs(qv);
+            mag[3] += fabs(qv * d);
+            mag[4] += fabs(qv * gv);
+        }
+    }
+    gg_call_runs(k, g, 1, t->dy, t->x, t->side, have, NULL, len, R, stride);
+    gg_call_runs(k, g, 0, t->dy, t->x, t->side, oy.p, ox.p, len, R, stride);
+    int ok = out_guards_ok(&oy) && out_guards_ok(&ox) ? 1 : gg_report(k, g, scenario, "runs: guard overwritten",
+                                                                      -1, 0, 0, 0);
+    double blk = dt != CFBN_F64 ? 6.0 * FLT_EPSILON : 0.0;
+    for (int q = 0; q < 5 && ok; q++) {
+        double tol = (2e-12 + blk) * mag[q] + 1e-300;
+        if (!(fabs(have[q] - want[q]) <= tol)) ok = gg_report(k, g, scenario, "runs: sum", q, have[q], want[q], tol);
+    }
+    double eps = dt == CFBN_F64 ? DBL_EPSILON : FLT_EPSILON;
+    for (int64_t i = 0; i < t->n && ok && scenario < 4; i++) {
+        const outbuf *want_b[2] = {&ry, &rx}, *have_b[2] = {&oy, &ox};
+        if (i % stride >= len || i >= R * stride) {
+            for (int o = 0; o < 2; o++)
+                if (!isnan(get(dt, have_b[o]->p, i)))
+                    ok = gg_report(k, g, scenario, "runs: wrote outside the runs", i, get(dt, have_b[o]->p, i), 0, 0);
+            continue;
+        }
+        double gv = get(dt, t->dy, i), qv = get(dt, t->side, i);
+        double d = centered(dt, get(dt, t->x, i), pget(t, t->mhi, 0), pget(t, t->mlo, 0));
+        double a[GG_NPAR];
+        for (int c = 0; c < GG_NPAR; c++) a[c] = pget(t, g->par[c], 0);
+        double m2[2] = {fabs(qv * a[0]) + fabs(d * a[1]) + fabs(a[2]),
+                        fabs(gv * a[3]) + fabs(qv * a[4]) + fabs(d * a[5]) + fabs(a[6])};
+        for (int o = 0; o < 2 && ok; o++) {
+            double w = get(dt, want_b[o]->p, i), h = get(dt, have_b[o]->p, i);
+            double tol = 4.0 * eps * m2[o] + storage_ulp(dt, w) + 1e-300;
+            if (!(h == w || fabs(h - w) <= tol)) ok = gg_report(k, g, scenario, o ? "runs: dx" : "runs: ddy", i, h, w, tol);
+        }
+    }
+    out_free(&ry);
+    out_free(&rx);
+    out_free(&oy);
+    out_free(&ox);
+    if (ok) n_pass++;
+    else n_fail++;
+    return ok;
+}
+
 static void check_gg_case(const cfbn_kernels *k, int dt, int rows_kind, int64_t rows, int64_t w, int scenario)
 {
     ggcase g;
     gg_make(&g, dt, rows_kind, rows, w, scenario);
     check_ggstats(k, &g, scenario);
+    /* several runs per call: whole, shortened and empty runs; 8 runs, and
+     * enough for kernels that take them 8 at a time with runs left over */
+    if (!rows_kind && g.t.n >= 3) {
+        int64_t st = g.t.n / 3;
+        check_gg_runs(k, &g, scenario, 3, st);
+        check_gg_runs(k, &g, scenario, 3, st - 1);
+        check_gg_runs(k, &g, scenario, 3, 0);
+    }
+    if (!rows_kind && g.t.n >= 16) {
+        check_gg_runs(k, &g, scenario, 8, g.t.n / 8);
+        check_gg_runs(k, &g, scenario, 8, g.t.n / 8 - 1);
+    }
+    if (!rows_kind && g.t.n >= 19) {
+        int64_t st = g.t.n / 19;
+        check_gg_runs(k, &g, scenario, 19, st);
+        check_gg_runs(k, &g, scenario, 19, st - 1);
+    }
     /* the exponent-range scenarios (4 to 7) exist for the sums */
     if (scenario < 4) {
         for (int inplace = 0; inplace <= 2; inplace++) check_ggapply(k, &g, scenario, inplace, 1, 1);
@@ -1065,6 +1169,7 @@ static cfbn_kernels plain_only(const cfbn_kernels *k, char *name, size_t len)
         o->apply_run_fused = NULL; o->apply_rows_fused = NULL; o->gstats_run_fused = NULL;
         o->gstats_rows_fused = NULL; o->gapply_run_fused = NULL; o->gapply_rows_fused = NULL;
         o->ggstats_run = NULL; o->ggstats_rows = NULL; o->ggapply_run = NULL; o->ggapply_rows = NULL;
+        o->ggstats_runs = NULL; o->ggapply_runs = NULL;
     }
     cfbn_double_kernels *d = &b.f64;
     d->apply_runs = NULL; d->gstats_runs = NULL; d->gapply_runs = NULL;
@@ -1073,6 +1178,7 @@ static cfbn_kernels plain_only(const cfbn_kernels *k, char *name, size_t len)
     d->apply_run_fused = NULL; d->apply_rows_fused = NULL; d->gstats_run_fused = NULL;
     d->gstats_rows_fused = NULL; d->gapply_run_fused = NULL; d->gapply_rows_fused = NULL;
     d->ggstats_run = NULL; d->ggstats_rows = NULL; d->ggapply_run = NULL; d->ggapply_rows = NULL;
+    d->ggstats_runs = NULL; d->ggapply_runs = NULL;
     return b;
 }
 
