@@ -338,7 +338,7 @@ static void gg_f32(const params *pp, int64_t at, cfbn_gg_f32 *g)
     const float *f = pp->f + at;
     int64_t L = pp->len;
     *g = (cfbn_gg_f32){ f + GG_MHI * L, f + GG_MLO * L, f + GG_A1 * L, f + GG_B1 * L, f + GG_C1 * L,
-                        f + GG_A2 * L, f + GG_B2 * L, f + GG_C2 * L, f + GG_E2 * L, pp->stream };
+                        f + GG_A2 * L, f + GG_B2 * L, f + GG_C2 * L, f + GG_E2 * L, pp->stream, 0, 0 };
 }
 
 static void gg_f64(const params *pp, int64_t at, cfbn_gg_f64 *g)
@@ -346,7 +346,7 @@ static void gg_f64(const params *pp, int64_t at, cfbn_gg_f64 *g)
     const double *d = pp->d + at;
     int64_t L = pp->len;
     *g = (cfbn_gg_f64){ d + GG_MHI * L, d + GG_MLO * L, d + GG_A1 * L, d + GG_B1 * L, d + GG_C1 * L,
-                        d + GG_A2 * L, d + GG_B2 * L, d + GG_C2 * L, d + GG_E2 * L, pp->stream };
+                        d + GG_A2 * L, d + GG_B2 * L, d + GG_C2 * L, d + GG_E2 * L, pp->stream, 0, 0 };
 }
 
 static void call_ggstats(const cfbn_kernels *k, const params *pp, int64_t at, const void *dy, const void *x,
