@@ -17,6 +17,13 @@ from cfbn import _kernels, reference
 EPS32 = float(np.finfo(np.float32).eps)
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def finfo(dtype):
+    """np.finfo of a float dtype, bfloat16 included: NumPy 2.0 (the newest
+    for Python 3.9) rejects bfloat16 ("data type not inexact"), ml_dtypes'
+    finfo takes it and NumPy's own types alike."""
+    return ml_dtypes.finfo(dtype)
 DTYPES = [np.float32, np.float64, np.float16, BFLOAT16]
 #: The 2-byte storage types: float32 vectors, computed in float32, outputs rounded.
 HALF_DTYPES = (np.dtype(np.float16), BFLOAT16)

@@ -24,6 +24,7 @@ from cfbn import reference
 
 from _checks import (
     BFLOAT16,
+    finfo,
     assert_close,
     forward_bounds,
     grad_bounds,
@@ -43,7 +44,7 @@ SUPPORTED_ISAS = list(cfbn.runtime_info()["supported_isas"])
 FORMATS = ["NHWC", "NCHW", "NC"]
 FLOAT_MAX = {np.dtype(np.float32): float(np.finfo(np.float32).max),
              np.dtype(np.float16): float(np.finfo(np.float16).max),
-             BFLOAT16: float(np.finfo(BFLOAT16).max)}
+             BFLOAT16: float(finfo(BFLOAT16).max)}
 DTYPES = [np.dtype(np.float32), np.dtype(np.float16), BFLOAT16]
 FWD_VECTORS = ("batch_mean", "batch_variance", "reserve_space_1", "reserve_space_2")
 

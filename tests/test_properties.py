@@ -25,6 +25,7 @@ from cfbn import reference  # noqa: E402
 
 from _checks import (  # noqa: E402
     BFLOAT16,
+    finfo,
     DTYPES,
     LAYOUTS,
     Unmodified,
@@ -196,7 +197,7 @@ def fits_half(ref, dtype):
     """Whether a float16 or bfloat16 result can hold ``ref``: a tiny variance
     with a tiny epsilon can make the exact result overflow float16 (bfloat16
     only where float32 would), which is then Inf."""
-    return not np.any(np.abs(ref) > 0.9 * float(np.finfo(dtype).max))
+    return not np.any(np.abs(ref) > 0.9 * float(finfo(dtype).max))
 
 
 def plain(a):

@@ -25,7 +25,7 @@ import pytest
 import cfbn
 from cfbn import reference
 
-from _checks import (BFLOAT16, DTYPES, HALF_DTYPES, make_shape, random_vectors, random_x,
+from _checks import (BFLOAT16, DTYPES, HALF_DTYPES, finfo, make_shape, random_vectors, random_x,
                      seed_of, vector_dtype)
 
 FORMATS = ["NHWC", "NCHW", "NC", "NDHWC", "NCDHW"]
@@ -262,7 +262,7 @@ def exact_cases(dtype):
     so the only rounding is the output's.  The offsets and scales put y on
     ties, just off them, beyond the largest finite value and among the
     subnormals."""
-    fi = np.finfo(dtype)
+    fi = finfo(dtype)
     u, top = float(fi.eps), float(fi.max)
     tiny, sub = float(fi.smallest_normal), float(fi.smallest_subnormal)
     half_ulp_top = np.ldexp(u / 2, fi.maxexp - 1)     # top + this is a tie: to Inf
