@@ -643,20 +643,18 @@ void cfbn_route_ggstats(const cfbn_kernels *k, int dtype, const void *dy, const 
         else gg_float_table(k, dtype, 1, 0)->ggstats_rows(dy, x, ggx, rows, w, p, acc);
         return;
     }
-    if (runs > 1) {
-        /* the table's own entry for several runs, when it has one */
-        if (dtype == CFBN_F64 ? k->f64.ggstats_runs != NULL : cfbn_route_float_table(k, dtype)->ggstats_runs != NULL) {
-            if (dtype == CFBN_F64) {
-                cfbn_gg_f64 q = *(const cfbn_gg_f64 *)p;
-                q.runs = runs, q.stride = stride;
-                k->f64.ggstats_runs(dy, x, ggx, rows, &q, acc);
-            } else {
-                cfbn_gg_f32 q = *(const cfbn_gg_f32 *)p;
-                q.runs = runs, q.stride = stride;
-                cfbn_route_float_table(k, dtype)->ggstats_runs(dy, x, ggx, rows, &q, acc);
-            }
-            return;
-        }
+    /* the table's own entry for several runs, when it has one */
+    if (runs > 1 && dtype == CFBN_F64 && k->f64.ggstats_runs) {
+        cfbn_gg_f64 q = *(const cfbn_gg_f64 *)p;
+        q.runs = runs, q.stride = stride;
+        k->f64.ggstats_runs(dy, x, ggx, rows, &q, acc);
+        return;
+    }
+    if (runs > 1 && dtype != CFBN_F64 && cfbn_route_float_table(k, dtype)->ggstats_runs) {
+        cfbn_gg_f32 q = *(const cfbn_gg_f32 *)p;
+        q.runs = runs, q.stride = stride;
+        cfbn_route_float_table(k, dtype)->ggstats_runs(dy, x, ggx, rows, &q, acc);
+        return;
     }
     double sum[5] = { 0.0, 0.0, 0.0, 0.0, 0.0 }, part[5];
     if (runs < 1) runs = 1;
@@ -683,19 +681,19 @@ void cfbn_route_ggapply(const cfbn_kernels *k, int dtype, const void *dy, const 
         else gg_float_table(k, dtype, 0, 0)->ggapply_rows(dy, x, ggx, ddy, dx, rows, w, p);
         return;
     }
-    if (runs > 1 && !(dtype == CFBN_F64 ? ((const cfbn_gg_f64 *)p)->stream : ((const cfbn_gg_f32 *)p)->stream)) {
-        if (dtype == CFBN_F64 ? k->f64.ggapply_runs != NULL : cfbn_route_float_table(k, dtype)->ggapply_runs != NULL) {
-            if (dtype == CFBN_F64) {
-                cfbn_gg_f64 q = *(const cfbn_gg_f64 *)p;
-                q.runs = runs, q.stride = stride;
-                k->f64.ggapply_runs(dy, x, ggx, ddy, dx, rows, &q);
-            } else {
-                cfbn_gg_f32 q = *(const cfbn_gg_f32 *)p;
-                q.runs = runs, q.stride = stride;
-                cfbn_route_float_table(k, dtype)->ggapply_runs(dy, x, ggx, ddy, dx, rows, &q);
-            }
-            return;
-        }
+    /* the table's own entry for several runs, regular stores only */
+    if (runs > 1 && dtype == CFBN_F64 && k->f64.ggapply_runs && !((const cfbn_gg_f64 *)p)->stream) {
+        cfbn_gg_f64 q = *(const cfbn_gg_f64 *)p;
+        q.runs = runs, q.stride = stride;
+        k->f64.ggapply_runs(dy, x, ggx, ddy, dx, rows, &q);
+        return;
+    }
+    if (runs > 1 && dtype != CFBN_F64 && cfbn_route_float_table(k, dtype)->ggapply_runs &&
+        !((const cfbn_gg_f32 *)p)->stream) {
+        cfbn_gg_f32 q = *(const cfbn_gg_f32 *)p;
+        q.runs = runs, q.stride = stride;
+        cfbn_route_float_table(k, dtype)->ggapply_runs(dy, x, ggx, ddy, dx, rows, &q);
+        return;
     }
     if (runs < 1) runs = 1;
     for (int64_t r = 0; r < runs; r++) {
