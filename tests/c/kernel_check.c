@@ -922,6 +922,35 @@ static int gg_report(const cfbn_kernels *k, const ggcase *g, int scenario, const
     return 0;
 }
 
+/* Adds the magnitudes of element i's five sum terms (column j's
+ * parameters) to m: the base of the sums' tolerance. */
+static void gg_sum_mags(const ggcase *g, int64_t i, int64_t j, double *m)
+{
+    const tcase *t = &g->t;
+    double gv = get(t->dt, t->dy, i), qv = get(t->dt, t->side, i);
+    double d = centered(t->dt, get(t->dt, t->x, i), pget(t, t->mhi, j), pget(t, t->mlo, j));
+    m[0] += fabs(gv);
+    m[1] += fabs(gv * d);
+    m[2] += fabs(qv);
+    m[3] += fabs(qv * d);
+    m[4] += fabs(qv * gv);
+}
+
+/* The tolerance of output o (0: ddy, 1: dx) at element i (column j's
+ * parameters) whose reference value is want. */
+static double gg_out_tol(const ggcase *g, int64_t i, int64_t j, int o, double want)
+{
+    const tcase *t = &g->t;
+    int dt = t->dt;
+    double gv = get(dt, t->dy, i), qv = get(dt, t->side, i);
+    double d = centered(dt, get(dt, t->x, i), pget(t, t->mhi, j), pget(t, t->mlo, j));
+    double a[GG_NPAR];
+    for (int c = 0; c < GG_NPAR; c++) a[c] = pget(t, g->par[c], j);
+    double mag = o ? fabs(gv * a[3]) + fabs(qv * a[4]) + fabs(d * a[5]) + fabs(a[6])
+                   : fabs(qv * a[0]) + fabs(d * a[1]) + fabs(a[2]);
+    return 4.0 * (dt == CFBN_F64 ? DBL_EPSILON : FLT_EPSILON) * mag + storage_ulp(dt, want) + 1e-300;
+}
+
 static int check_ggstats(const cfbn_kernels *k, const ggcase *g, int scenario)
 {
     static const char *sname[5] = {"sum g", "sum g d", "sum q", "sum q d", "sum q g"};
@@ -940,16 +969,7 @@ static int check_ggstats(const cfbn_kernels *k, const ggcase *g, int scenario)
     double blk = dt != CFBN_F64 ? 6.0 * FLT_EPSILON : 0.0;
     for (int64_t j = 0; j < np && ok; j++) {
         double m[5] = {0.0, 0.0, 0.0, 0.0, 0.0};   /* sums of |terms| */
-        for (int64_t e = 0; e < nr; e++) {
-            int64_t i = j + e * step;
-            double gv = get(dt, t->dy, i), qv = get(dt, t->side, i);
-            double d = centered(dt, get(dt, t->x, i), pget(t, t->mhi, j), pget(t, t->mlo, j));
-            m[0] += fabs(gv);
-            m[1] += fabs(gv * d);
-            m[2] += fabs(qv);
-            m[3] += fabs(qv * d);
-            m[4] += fabs(qv * gv);
-        }
+        for (int64_t e = 0; e < nr; e++) gg_sum_mags(g, j + e * step, j, m);
         for (int q = 0; q < 5 && ok; q++) {
             double tol = (2e-12 + blk) * m[q] + 1e-300, have = s[q * np + j], want = r[q * np + j];
             if (!(fabs(have - want) <= tol)) ok = gg_report(k, g, scenario, sname[q], j, have, want, tol);
@@ -993,19 +1013,12 @@ static int check_ggapply(const cfbn_kernels *k, const ggcase *g, int scenario, i
     gg_call(k, g, 0, dy, x, q, oy.p, ox.p);
     const char *how = inplace == 1 ? " in place" : inplace ? " in place 2" : "";
     int ok = out_guards_ok(&oy) && out_guards_ok(&ox) ? 1 : gg_report(k, g, scenario, "guard overwritten", -1, 0, 0, 0);
-    double eps = dt == CFBN_F64 ? DBL_EPSILON : FLT_EPSILON;
     for (int64_t i = 0; i < t->n && ok; i++) {
         int64_t j = t->rows_kind ? i % t->w : 0;
-        double gv = get(dt, t->dy, i), qv = get(dt, t->side, i);
-        double d = centered(dt, get(dt, t->x, i), pget(t, t->mhi, j), pget(t, t->mlo, j));
-        double a[GG_NPAR];
-        for (int c = 0; c < GG_NPAR; c++) a[c] = pget(t, g->par[c], j);
-        double mag[2] = {fabs(qv * a[0]) + fabs(d * a[1]) + fabs(a[2]),
-                         fabs(gv * a[3]) + fabs(qv * a[4]) + fabs(d * a[5]) + fabs(a[6])};
         const outbuf *want_b[2] = {&ry, &rx}, *have_b[2] = {&oy, &ox};
         for (int o = 0; o < 2 && ok; o++) {
             double want = get(dt, want_b[o]->p, i), have = get(dt, have_b[o]->p, i);
-            double tol = 4.0 * eps * mag[o] + storage_ulp(dt, want) + 1e-300;
+            double tol = gg_out_tol(g, i, j, o, want);
             if (!(have == want || fabs(have - want) <= tol)) {
                 char msg[80];
                 snprintf(msg, sizeof msg, "%s%s (misaligned %d %d)", o ? "dx" : "ddy", how, mis_ddy, mis_dx);
@@ -1050,16 +1063,7 @@ static int check_gg_runs(const cfbn_kernels *k, const ggcase *g, int scenario, i
         gg_call_runs(&cfbn_kernels_scalar, g, 0, (const char *)t->dy + off, (const char *)t->x + off,
                      (const char *)t->side + off, ry.p + off, rx.p + off, len, 1, 0);
         for (int j = 0; j < 5; j++) want[j] += part[j];
-        for (int64_t e = 0; e < len; e++) {
-            int64_t i = r * stride + e;
-            double gv = get(dt, t->dy, i), qv = get(dt, t->side, i);
-            double d = centered(dt, get(dt, t->x, i), pget(t, t->mhi, 0), pget(t, t->mlo, 0));
-            mag[0] += fabs(gv);
-            mag[1] += fabs(gv * d);
-            mag[2] += fabs(qv);
-            mag[3] += fabs(qv * d);
-            mag[4] += fabs(qv * gv);
-        }
+        for (int64_t e = 0; e < len; e++) gg_sum_mags(g, r * stride + e, 0, mag);
     }
     gg_call_runs(k, g, 1, t->dy, t->x, t->side, have, NULL, len, R, stride);
     gg_call_runs(k, g, 0, t->dy, t->x, t->side, oy.p, ox.p, len, R, stride);
@@ -1070,7 +1074,6 @@ static int check_gg_runs(const cfbn_kernels *k, const ggcase *g, int scenario, i
         double tol = (2e-12 + blk) * mag[q] + 1e-300;
         if (!(fabs(have[q] - want[q]) <= tol)) ok = gg_report(k, g, scenario, "runs: sum", q, have[q], want[q], tol);
     }
-    double eps = dt == CFBN_F64 ? DBL_EPSILON : FLT_EPSILON;
     for (int64_t i = 0; i < t->n && ok && scenario < 4; i++) {
         const outbuf *want_b[2] = {&ry, &rx}, *have_b[2] = {&oy, &ox};
         if (i % stride >= len || i >= R * stride) {
@@ -1079,15 +1082,9 @@ static int check_gg_runs(const cfbn_kernels *k, const ggcase *g, int scenario, i
                     ok = gg_report(k, g, scenario, "runs: wrote outside the runs", i, get(dt, have_b[o]->p, i), 0, 0);
             continue;
         }
-        double gv = get(dt, t->dy, i), qv = get(dt, t->side, i);
-        double d = centered(dt, get(dt, t->x, i), pget(t, t->mhi, 0), pget(t, t->mlo, 0));
-        double a[GG_NPAR];
-        for (int c = 0; c < GG_NPAR; c++) a[c] = pget(t, g->par[c], 0);
-        double m2[2] = {fabs(qv * a[0]) + fabs(d * a[1]) + fabs(a[2]),
-                        fabs(gv * a[3]) + fabs(qv * a[4]) + fabs(d * a[5]) + fabs(a[6])};
         for (int o = 0; o < 2 && ok; o++) {
             double w = get(dt, want_b[o]->p, i), h = get(dt, have_b[o]->p, i);
-            double tol = 4.0 * eps * m2[o] + storage_ulp(dt, w) + 1e-300;
+            double tol = gg_out_tol(g, i, 0, o, w);
             if (!(h == w || fabs(h - w) <= tol)) ok = gg_report(k, g, scenario, o ? "runs: dx" : "runs: ddy", i, h, w, tol);
         }
     }
