@@ -34,6 +34,7 @@ build_root() {
     rm -f "$root"/var/cache/apt/archives/*.deb
     [ -x "$root/usr/bin/python$ver" ] || die "no $root/usr/bin/python$ver after unpacking"
     [ -e "$root/usr/lib/aarch64-linux-gnu/libgomp.so.1" ] || die "libgomp1 missing from $root"
+    no_dev_shm "$root"
     touch "$root/.cfbn-sysroot"
 }
 
@@ -55,6 +56,15 @@ build_site() {
     touch "$stamp"
 }
 
+# The root's empty dev/shm hides the host's /dev/shm from the emulated
+# process (qemu -L looks in the root first).  Debian 11's glibc checks with
+# statfs that /dev/shm is a tmpfs, and otherwise takes the first tmpfs in
+# /proc/mounts, which may be read-only: multiprocessing's locks then fail
+# with EROFS.  Without it the host's tmpfs /dev/shm is used.
+no_dev_shm() {
+    [ ! -d "$1/dev/shm" ] || rmdir "$1/dev/shm"
+}
+
 mkdir -p "$EDGE"
 suites=("$@")
 [ ${#suites[@]} -gt 0 ] || suites=("${ARM64_SUITES[@]}")
@@ -63,6 +73,7 @@ for suite in "${suites[@]}"; do
     root=$(arm64_root "$suite")
     site=$(arm64_site "$suite")
     site_stamp=$site/.cfbn-site-numpy-$(numpy_for "$ver")-$(IFS=-; echo "${TEST_PACKAGES[*]}")
+    [ ! -e "$root/.cfbn-sysroot" ] || no_dev_shm "$root"
     if [ -e "$root/.cfbn-sysroot" ] && [ -e "$site_stamp" ]; then
         echo "arm64 root $suite already built: $root"
         continue
