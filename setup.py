@@ -98,7 +98,10 @@ extensions = [
         "cfbn._kernels",
         sources=["cfbn/_kernels.pyx"] + BASE_SOURCES,
         include_dirs=["csrc", numpy.get_include()],
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        # 1.22: the memory-handler API; the same floor with NumPy 2.0 (the
+        # newest for Python 3.9, default target 1.19) and later NumPy.
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
+                       ("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION")],
     )
 ]
 

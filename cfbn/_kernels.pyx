@@ -99,8 +99,19 @@ cdef extern from "out_cache.h":
     void cfbn_cache_release()
     void cfbn_cache_stats_get(cfbn_cache_stats *st)
 
+# The memory-handler API (NEP 49, NumPy 1.22), declared here: the .pxd of
+# NumPy 2.0.x, the newest NumPy for Python 3.9, does not declare it.  The C
+# declarations need NPY_TARGET_VERSION >= 1.22 (setup.py sets it).
 cdef extern from "numpy/arrayobject.h":
     PyObject *PyDataMem_DefaultHandler
+    ctypedef struct mem_allocator "PyDataMemAllocator":
+        pass
+    ctypedef struct mem_handler "PyDataMem_Handler":
+        char *name
+        unsigned char version
+        mem_allocator allocator
+    object mem_set_handler "PyDataMem_SetHandler"(object handler)
+    object mem_get_handler "PyDataMem_GetHandler"()
 
 cdef const cfbn_kernels *_table = NULL
 cdef int _isa = -1
@@ -410,7 +421,7 @@ _select_at_import()
 # they are ordinary arrays that own their data.  A handler the user chose
 # is left alone.
 
-cdef cnp.PyDataMem_Handler _cache_handler
+cdef mem_handler _cache_handler
 cdef object _cache_capsule = None
 cdef object _default_handler = None
 cdef size_t _cache_limit = 0
@@ -419,7 +430,7 @@ cdef size_t _cache_limit = 0
 def _init_output_cache(size_t limit):
     global _cache_capsule, _default_handler, _cache_limit
     _default_handler = <object>PyDataMem_DefaultHandler
-    cdef cnp.PyDataMem_Handler *d = <cnp.PyDataMem_Handler *>PyCapsule_GetPointer(
+    cdef mem_handler *d = <mem_handler *>PyCapsule_GetPointer(
         _default_handler, "mem_handler")
     cfbn_cache_init(<cfbn_allocator *>&d.allocator, limit)
     strncpy(_cache_handler.name, b"cfbn_output_cache", 126)
@@ -431,16 +442,16 @@ def _init_output_cache(size_t limit):
 
 cdef inline bint _cacheable(size_t nbytes):
     return (_cache_limit >= nbytes >= CFBN_CACHE_MIN_BYTES
-            and cnp.PyDataMem_GetHandler() is _default_handler)
+            and mem_get_handler() is _default_handler)
 
 
 cdef object _empty_cached(shape, dt):
     """np.empty(shape, dt) with the output cache's handler current."""
-    cnp.PyDataMem_SetHandler(_cache_capsule)
+    mem_set_handler(_cache_capsule)
     try:
         return np.empty(shape, dt)
     finally:
-        cnp.PyDataMem_SetHandler(_default_handler)
+        mem_set_handler(_default_handler)
 
 
 cdef cnp.ndarray _empty_output(cnp.ndarray like):

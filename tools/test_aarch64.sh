@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
-# Runs the test suite against the repaired aarch64 wheel with Debian's arm64
-# CPython 3.11 under qemu-user (tools/make_arm64_sysroot.sh): once as detected,
-# where the NEON table must be the one selected, and once with
-# CFBN_FORCE_ISA=scalar.  The two runs go side by side: Python under qemu keeps
-# about one core busy each.
+# Runs the aarch64 wheels under qemu-user, each with a Debian arm64 CPython of
+# its version (tools/make_arm64_sysroot.sh), side by side (Python under qemu
+# keeps about one core busy per run):
+#   neon    cp39 wheel, Debian 11 (bullseye) python3.9, numpy 2.0.2: the whole
+#           suite with the NEON table selected (the Raspberry Pi OS Bullseye case)
+#   scalar  cp311 wheel, Debian 12 (bookworm) python3.11: the whole suite with
+#           CFBN_FORCE_ISA=scalar
+#   cp313   cp313 wheel, Debian 13 (trixie) python3.13, NEON selected: a
+#           representative subset (SUBSET_313 below); the whole suite would
+#           not fit the CI budget
+# and, before them, `python -m cfbn` (the self-check) with the wheel of each
+# run, with the NEON table and with CFBN_FORCE_ISA=scalar.  cp310 and cp312 have no arm64 CPython in any Debian
+# release and none on PyPI: those wheels are built, not run.
 #
 # The ISA-parametrized tests (the isa fixture of tests/conftest.py) run every
 # table whichever is selected at import, so each run keeps its own table's
-# instances of them: the first deselects the scalar ones (-k "not scalar"),
-# the forced run the NEON ones (-k "not neon"); both run every other test,
-# with their table chosen at import.  CFBN_SCALAR_FULL=1 runs the whole
-# suite in both.
+# instances of them: the NEON runs deselect the scalar ones (-k "not scalar"),
+# the forced run the NEON ones (-k "not neon"); all run every other test,
+# with their table chosen at import.  CFBN_SCALAR_FULL=1 runs the whole suite
+# in the neon and scalar runs.
 #
-# The wheel is installed with pip --target --platform into the sysroot's
-# /usr/local/lib/python3.11/dist-packages, as on a device, and the tests run
+# Each wheel is installed with pip --target --platform into its root's
+# /usr/local/lib/python3.X/dist-packages, as on a device, and the tests run
 # from a copy of tests/ outside the repository: the installed wheel is what is
 # imported, never the source folder cfbn/.
 #
@@ -27,39 +35,66 @@
 #
 # The C kernel harness for NEON under qemu (tests/c/run.sh) is part of .ci/run.
 # Environment: CFBN_QEMU_AARCH64_CPU (default cortex-a72: the Raspberry Pi 4
-# core, Armv8.0-A without optional extensions), PYTEST_ARGS.
+# core, Armv8.0-A without optional extensions), PYTEST_ARGS, CFBN_AARCH64_RUNS
+# (default "neon scalar cp313"), CFBN_AARCH64_SUBSET.
 set -euo pipefail
 . "$(dirname "$0")/_lib.sh"
 need qemu-aarch64 aarch64-linux-gnu-gcc
 
 CPU=${CFBN_QEMU_AARCH64_CPU:-cortex-a72}
-RUNDIR=$EDGE/aarch64-tests      # copy of tests/, no cfbn/ beside it
-LAUNCHER=$ARM64_ROOT/usr/bin/python3.11-qemu
+RUNS=(${CFBN_AARCH64_RUNS:-neon scalar cp313})
+# Python 3.13 on aarch64: the forward and gradient paths of every dtype, the
+# dispatch and ISA selection, argument checks, the output cache, threads.
+SUBSET_313=(tests/test_forward.py tests/test_grad.py tests/test_isa_selected.py tests/test_dispatch.py
+            tests/test_errors.py tests/test_output_cache.py tests/test_threads.py)
 
-step "wheel and sysroot"
+RUNDIR=$EDGE/aarch64-tests-$(IFS=-; echo "${RUNS[*]}")   # copy of tests/, no cfbn/ beside it
+SUITES=()
+for run in "${RUNS[@]}"; do
+    case $run in neon) SUITES+=(bullseye) ;; scalar) SUITES+=(bookworm) ;; cp313) SUITES+=(trixie) ;; *) die "no run $run" ;; esac
+done
+
+step "wheels and arm64 roots"
 ensure_wheels
-WHL=$(one_file "$ROOT/wheelhouse/cfbn-*manylinux*_aarch64.whl")
-bash "$ROOT/tools/make_arm64_sysroot.sh"
-echo "$WHL"
+bash "$ROOT/tools/make_arm64_sysroot.sh" "${SUITES[@]}"
 
-step "install the wheel for the target (pip --target --platform)"
-rm -rf "$ARM64_SITE"/cfbn "$ARM64_SITE"/cfbn-*.dist-info "$ARM64_SITE"/cfbn.libs
-"$HOST_PYTHON" -m pip install -q --no-deps --target "$ARM64_SITE" "${ARM64_PIP_TARGET[@]}" "$WHL"
-# In the sysroot's bin, the launcher lets Python find its prefix (sysroot/usr)
-# from sys.executable.
-cat >"$LAUNCHER" <<SH
+# launcher SUITE: installs the wheel of SUITE's CPython into its site folder;
+# prints the launcher's path.
+launcher() {
+    local suite=$1 ver root site whl l
+    ver=$(suite_python "$suite")
+    root=$(arm64_root "$suite")
+    site=$(arm64_site "$suite")
+    whl=$(wheel_for "$ver" aarch64)
+    rm -rf "$site"/cfbn "$site"/cfbn-*.dist-info "$site"/cfbn.libs
+    # shellcheck disable=SC2046
+    "$HOST_PYTHON" -m pip install -q --no-deps --target "$site" $(arm64_pip_target "$ver") "$whl" >&2
+    # In the root's bin, the launcher lets Python find its prefix (root/usr)
+    # from sys.executable.
+    l=$root/usr/bin/python$ver-qemu
+    cat >"$l" <<SH
 #!/bin/sh
-exec qemu-aarch64 -cpu "$CPU" -L "$ARM64_ROOT" -0 "\$0" "$ARM64_PYTHON" "\$@"
+exec qemu-aarch64 -cpu "$CPU" -L "$root" -0 "\$0" "$root/usr/bin/python$ver" "\$@"
 SH
-chmod +x "$LAUNCHER"
+    chmod +x "$l"
+    echo "$l"
+}
+
+step "install the wheels for their targets (pip --target --platform)"
+declare -A PY
+for suite in "${SUITES[@]}"; do
+    PY[$suite]=$(launcher "$suite")
+    echo "$(basename "$(wheel_for "$(suite_python "$suite")" aarch64)") -> ${PY[$suite]}"
+done
 copy_tests "$RUNDIR"
 golden_dir
-unset PYTHONPATH CFBN_FORCE_ISA
+unset PYTHONPATH PYTHONHOME CFBN_FORCE_ISA
 export CC=aarch64-linux-gnu-gcc
 cd "$RUNDIR"
 
-step "runtime_info under qemu-aarch64 -cpu $CPU"
-"$LAUNCHER" - "$ARM64_SITE" <<'PY'
+step "runtime_info and python -m cfbn under qemu-aarch64 -cpu $CPU: ${SUITES[*]}; NEON and scalar"
+for suite in "${SUITES[@]}"; do
+    "${PY[$suite]}" - "$(arm64_site "$suite")" <<'PY'
 import platform, sys
 import cfbn
 info = cfbn.runtime_info()
@@ -69,26 +104,46 @@ assert platform.machine() == "aarch64"
 assert cfbn.__file__.startswith(sys.argv[1] + "/"), "not the installed wheel"
 assert info["selected_isa"] == "neon", info
 PY
+    "${PY[$suite]}" -m cfbn >"$EDGE/selfcheck-aarch64-$suite.txt" 2>&1 \
+        || { cat "$EDGE/selfcheck-aarch64-$suite.txt"; die "python -m cfbn failed: $suite"; }
+    CFBN_FORCE_ISA=scalar "${PY[$suite]}" -m cfbn >>"$EDGE/selfcheck-aarch64-$suite.txt" 2>&1 \
+        || { cat "$EDGE/selfcheck-aarch64-$suite.txt"; die "CFBN_FORCE_ISA=scalar python -m cfbn failed: $suite"; }
+    echo "python -m cfbn ok: $suite python$(suite_python "$suite") (NEON, scalar)"
+done
 
-step "pytest under qemu-aarch64, side by side: NEON table selected | CFBN_FORCE_ISA=scalar"
+step "pytest under qemu-aarch64, side by side: ${RUNS[*]}"
+# CFBN_AARCH64_SUBSET=1: the neon and scalar runs take the cp313 subset too.
+what=(tests)
+[ -z "${CFBN_AARCH64_SUBSET:-}" ] || what=("${SUBSET_313[@]}")
 neon_only=(-k "not scalar")
 scalar_only=(-k "not neon")
 [ -z "${CFBN_SCALAR_FULL:-}" ] || { neon_only=(); scalar_only=(); }
-CFBN_EXPECT_ISA=neon run_suite aarch64-neon \
-    "$LAUNCHER" -m pytest tests -q -p no:cacheprovider "${neon_only[@]}" ${PYTEST_ARGS:-} \
-    >"$EDGE/summary-neon.txt" &
-neon=$!
-CFBN_FORCE_ISA=scalar CFBN_EXPECT_ISA=scalar run_suite aarch64-scalar \
-    "$LAUNCHER" -m pytest tests -q -p no:cacheprovider "${scalar_only[@]}" ${PYTEST_ARGS:-} \
-    >"$EDGE/summary-scalar.txt" &
-scalar=$!
+declare -A pid
+for run in "${RUNS[@]}"; do
+    case $run in
+        neon) CFBN_EXPECT_ISA=neon run_suite aarch64-neon \
+                  "${PY[bullseye]}" -m pytest "${what[@]}" -q -p no:cacheprovider "${neon_only[@]}" ${PYTEST_ARGS:-} \
+                  >"$EDGE/summary-neon.txt" & ;;
+        scalar) CFBN_FORCE_ISA=scalar CFBN_EXPECT_ISA=scalar run_suite aarch64-scalar \
+                  "${PY[bookworm]}" -m pytest "${what[@]}" -q -p no:cacheprovider "${scalar_only[@]}" ${PYTEST_ARGS:-} \
+                  >"$EDGE/summary-scalar.txt" & ;;
+        cp313) CFBN_EXPECT_ISA=neon run_suite aarch64-cp313 \
+                  "${PY[trixie]}" -m pytest "${SUBSET_313[@]}" -q -p no:cacheprovider -k "not scalar" \
+                  >"$EDGE/summary-cp313.txt" & ;;
+        *) die "no run $run" ;;
+    esac
+    pid[$run]=$!
+done
 failed=()
-wait "$neon" || failed+=(neon)
-wait "$scalar" || failed+=(scalar)
-echo "NEON table selected ${neon_only[*]}:"
-cat "$EDGE/summary-neon.txt"
-echo "CFBN_FORCE_ISA=scalar ${scalar_only[*]}:"
-cat "$EDGE/summary-scalar.txt"
+for run in "${RUNS[@]}"; do wait "${pid[$run]}" || failed+=("$run"); done
+for run in "${RUNS[@]}"; do
+    case $run in
+        neon) echo "cp39, Debian 11 python3.9, NEON table selected ${neon_only[*]}:" ;;
+        scalar) echo "cp311, Debian 12 python3.11, CFBN_FORCE_ISA=scalar ${scalar_only[*]}:" ;;
+        cp313) echo "cp313, Debian 13 python3.13, NEON table selected, subset (${SUBSET_313[*]#tests/}) -k not scalar:" ;;
+    esac
+    cat "$EDGE/summary-$run.txt"
+done
 
 timings
 [ ${#failed[@]} -eq 0 ] || die "pytest failed under qemu-aarch64: ${failed[*]}"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the test suite against the repaired x86-64 wheel on an emulated x86-64
+# Runs the test suite against the repaired x86-64 cp39 wheel (the oldest
+# Python, with numpy 2.0.2: what an old machine runs) on an emulated x86-64
 # CPU without AVX or AVX2 (qemu-x86_64 -cpu Nehalem): the scalar table must be
 # the one selected, every test must pass, and CFBN_FORCE_ISA=avx2 must be a
 # clear import error rather than an illegal instruction.
@@ -12,25 +13,28 @@
 # not follow execve.  The venv gets a launcher script that starts its python
 # under qemu with argv[0] set to the launcher (qemu's -0): sys.executable is
 # then the launcher, so children run on the emulated Nehalem too.
-# Environment: CFBN_QEMU_X86_CPU (default Nehalem), PYTEST_ARGS.
+# Environment: CFBN_QEMU_X86_CPU (default Nehalem), CFBN_OLD_X86_PYTHON
+# (default 3.9: the wheel and the host CPython of that version), PYTEST_ARGS.
 set -euo pipefail
 . "$(dirname "$0")/_lib.sh"
 need qemu-x86_64 "$HOST_PYTHON"
 
 CPU=${CFBN_QEMU_X86_CPU:-Nehalem}
+VER=${CFBN_OLD_X86_PYTHON:-3.9}
+NUMPY=$(numpy_for "$VER")
 VENV=$EDGE/venv-old-x86
 RUNDIR=$EDGE/x86-tests
 LAUNCHER=$VENV/bin/python-qemu
 
 step "wheel"
 ensure_wheels
-WHL=$(one_file "$ROOT/wheelhouse/cfbn-*manylinux*_x86_64.whl")
+WHL=$(wheel_for "$VER" x86_64)
 echo "$WHL"
 
-step "venv with the wheel, numpy $NUMPY_VERSION, ${TEST_PACKAGES[*]}"
+step "CPython $VER venv with the wheel, numpy $NUMPY, ${TEST_PACKAGES[*]}"
 rm -rf "$VENV" "$RUNDIR"
-"$HOST_PYTHON" -m venv "$VENV"
-"$VENV/bin/pip" install -q "$WHL" "numpy==$NUMPY_VERSION" "${TEST_PACKAGES[@]}"
+"$(host_python "$VER")" -m venv "$VENV"
+"$VENV/bin/pip" install -q "$WHL" "numpy==$NUMPY" "${TEST_PACKAGES[@]}"
 # The launcher sits in the venv's bin, so Python finds pyvenv.cfg from it.
 cat >"$LAUNCHER" <<SH
 #!/bin/sh
