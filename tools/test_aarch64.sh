@@ -36,7 +36,10 @@
 # The C kernel harness for NEON under qemu (tests/c/run.sh) is part of .ci/run.
 # Environment: CFBN_QEMU_AARCH64_CPU (default cortex-a72: the Raspberry Pi 4
 # core, Armv8.0-A without optional extensions), PYTEST_ARGS, CFBN_AARCH64_RUNS
-# (default "neon scalar cp313"), CFBN_AARCH64_SUBSET.
+# (the pytest runs, default "neon scalar cp313"; CI runs "neon"),
+# CFBN_AARCH64_SELFCHECK (the roots whose wheel gets `python -m cfbn`, default
+# "bullseye bookworm trixie"), CFBN_AARCH64_SUBSET, CFBN_CP313_WHOLE (the
+# cp313 run takes the whole suite).
 set -euo pipefail
 . "$(dirname "$0")/_lib.sh"
 need qemu-aarch64 aarch64-linux-gnu-gcc
@@ -49,9 +52,11 @@ SUBSET_313=(tests/test_forward.py tests/test_grad.py tests/test_isa_selected.py 
             tests/test_errors.py tests/test_output_cache.py tests/test_threads.py)
 
 RUNDIR=$EDGE/aarch64-tests-$(IFS=-; echo "${RUNS[*]}")   # copy of tests/, no cfbn/ beside it
-SUITES=()
+# Every root gets the self-check, whichever suites run.
+SUITES=(${CFBN_AARCH64_SELFCHECK:-bullseye bookworm trixie})
 for run in "${RUNS[@]}"; do
-    case $run in neon) SUITES+=(bullseye) ;; scalar) SUITES+=(bookworm) ;; cp313) SUITES+=(trixie) ;; *) die "no run $run" ;; esac
+    case $run in neon) suite=bullseye ;; scalar) suite=bookworm ;; cp313) suite=trixie ;; *) die "no run $run" ;; esac
+    [[ " ${SUITES[*]} " == *" $suite "* ]] || SUITES+=("$suite")
 done
 
 step "wheels and arm64 roots"
@@ -115,6 +120,8 @@ step "pytest under qemu-aarch64, side by side: ${RUNS[*]}"
 # CFBN_AARCH64_SUBSET=1: the neon and scalar runs take the cp313 subset too.
 what=(tests)
 [ -z "${CFBN_AARCH64_SUBSET:-}" ] || what=("${SUBSET_313[@]}")
+what_313=("${SUBSET_313[@]}")
+[ -z "${CFBN_CP313_WHOLE:-}" ] || what_313=(tests)
 neon_only=(-k "not scalar")
 scalar_only=(-k "not neon")
 [ -z "${CFBN_SCALAR_FULL:-}" ] || { neon_only=(); scalar_only=(); }
@@ -128,7 +135,7 @@ for run in "${RUNS[@]}"; do
                   "${PY[bookworm]}" -m pytest "${what[@]}" -q -p no:cacheprovider "${scalar_only[@]}" ${PYTEST_ARGS:-} \
                   >"$EDGE/summary-scalar.txt" & ;;
         cp313) CFBN_EXPECT_ISA=neon run_suite aarch64-cp313 \
-                  "${PY[trixie]}" -m pytest "${SUBSET_313[@]}" -q -p no:cacheprovider -k "not scalar" \
+                  "${PY[trixie]}" -m pytest "${what_313[@]}" -q -p no:cacheprovider -k "not scalar" ${PYTEST_ARGS:-} \
                   >"$EDGE/summary-cp313.txt" & ;;
         *) die "no run $run" ;;
     esac
@@ -140,7 +147,7 @@ for run in "${RUNS[@]}"; do
     case $run in
         neon) echo "cp39, Debian 11 python3.9, NEON table selected ${neon_only[*]}:" ;;
         scalar) echo "cp311, Debian 12 python3.11, CFBN_FORCE_ISA=scalar ${scalar_only[*]}:" ;;
-        cp313) echo "cp313, Debian 13 python3.13, NEON table selected, subset (${SUBSET_313[*]#tests/}) -k not scalar:" ;;
+        cp313) echo "cp313, Debian 13 python3.13, NEON table selected, ${what_313[*]#tests/} -k not scalar:" ;;
     esac
     cat "$EDGE/summary-$run.txt"
 done

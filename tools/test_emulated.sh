@@ -2,9 +2,10 @@
 # Builds what is missing (wheels, arm64 roots), then runs tools/test_aarch64.sh
 # and tools/test_old_x86.sh side by side and prints their reports one after
 # the other.  Under qemu each test process keeps about one core busy, so on a
-# 2-core machine the suites (aarch64 cp39 NEON on Debian 11, aarch64 cp311
-# scalar, the aarch64 cp313 subset, x86-64 cp39 on Nehalem) finish in about
-# the time of the longest instead of their sum.
+# 2-core machine the suites (by default aarch64 cp39 NEON on Debian 11,
+# aarch64 cp311 scalar, the aarch64 cp313 subset, x86-64 cp39 on Nehalem;
+# CFBN_AARCH64_RUNS narrows the aarch64 ones) finish in about the time of the
+# longest instead of their sum.
 set -euo pipefail
 . "$(dirname "$0")/_lib.sh"
 
