@@ -256,6 +256,30 @@ for path in sys.argv[1:]:
         print(f"ok cp{abi} {arch}: {len(names)} files")
 PY
 
+# The cp310 and cp312 aarch64 wheels have no interpreter to run under here;
+# this shows at least that every wheel was built against its own CPython's C
+# API: each Python symbol it imports is one that CPython version exports (the
+# API is the same on every architecture; checked here against the host's
+# libpython of that version).  A wheel built with another version's headers
+# fails this (cp313 against 3.10 lacks 14 symbols, cp39 against 3.12 two).
+step "every wheel's Python symbols: all exported by the libpython of its CPython version"
+for ver in "${PY_VERSIONS[@]}"; do
+    prefix=$(dirname "$(dirname "$(host_python "$ver")")")
+    lib=$(ls "$prefix"/lib/libpython"$ver".so.1.0 2>/dev/null | head -1)
+    [ -n "$lib" ] || die "no $prefix/lib/libpython$ver.so.1.0 to check the cp$ver wheels against"
+    exported=$(nm -D --defined-only "$lib" | awk '{print $3}' | sort -u)
+    for arch in "${ARCHES[@]}"; do
+        raw=$(one_file "$RAW/$ver-$arch/cfbn-*-linux_$arch.whl")
+        so=$(unzip -Z1 "$raw" | grep '\.so$')
+        needed=$(unzip -p "$raw" "$so" >"$EDGE/symcheck.so" && nm -D --undefined-only "$EDGE/symcheck.so" \
+            | awk '{print $2}' | grep -E '^_?Py' | sort -u)
+        missing=$(comm -23 <(printf '%s\n' "$needed") <(printf '%s\n' "$exported"))
+        [ -z "$missing" ] || die "cp$ver $arch imports what CPython $ver does not export: $(echo $missing)"
+        echo "ok cp$ver $arch: $(grep -c . <<<"$needed") Python symbols, all in $(basename "$lib")"
+    done
+done
+rm -f "$EDGE/symcheck.so"
+
 step "every wheel: libgomp vendored; tag at most manylinux_${GLIBC_FLOOR/./_}"
 WHEELS=("$ROOT"/wheelhouse/cfbn-*.whl)
 [ ${#WHEELS[@]} -eq $(( ${#PY_VERSIONS[@]} * ${#ARCHES[@]} )) ] || die "expected $(( ${#PY_VERSIONS[@]} * ${#ARCHES[@]} )) wheels: ${WHEELS[*]}"
