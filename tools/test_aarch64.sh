@@ -9,7 +9,7 @@
 #   cp313   cp313 wheel, Debian 13 (trixie) python3.13, NEON selected: a
 #           representative subset (SUBSET_313 below); the whole suite would
 #           not fit the CI budget
-# and, before them, `python -m cfbn` (the self-check) with the wheel of each
+# and, beside them, `python -m cfbn` (the self-check) with the wheel of each
 # run, with the NEON table and with CFBN_FORCE_ISA=scalar.  cp310 and cp312 have no arm64 CPython in any Debian
 # release and none on PyPI: those wheels are built, not run.
 #
@@ -97,7 +97,7 @@ unset PYTHONPATH PYTHONHOME CFBN_FORCE_ISA
 export CC=aarch64-linux-gnu-gcc
 cd "$RUNDIR"
 
-step "runtime_info and python -m cfbn under qemu-aarch64 -cpu $CPU: ${SUITES[*]}; NEON and scalar"
+step "runtime_info under qemu-aarch64 -cpu $CPU: ${SUITES[*]}"
 for suite in "${SUITES[@]}"; do
     "${PY[$suite]}" - "$(arm64_site "$suite")" <<'PY'
 import platform, sys
@@ -109,14 +109,23 @@ assert platform.machine() == "aarch64"
 assert cfbn.__file__.startswith(sys.argv[1] + "/"), "not the installed wheel"
 assert info["selected_isa"] == "neon", info
 PY
-    "${PY[$suite]}" -m cfbn >"$EDGE/selfcheck-aarch64-$suite.txt" 2>&1 \
-        || { cat "$EDGE/selfcheck-aarch64-$suite.txt"; die "python -m cfbn failed: $suite"; }
-    CFBN_FORCE_ISA=scalar "${PY[$suite]}" -m cfbn >>"$EDGE/selfcheck-aarch64-$suite.txt" 2>&1 \
-        || { cat "$EDGE/selfcheck-aarch64-$suite.txt"; die "CFBN_FORCE_ISA=scalar python -m cfbn failed: $suite"; }
-    echo "python -m cfbn ok: $suite python$(suite_python "$suite") (NEON, scalar)"
 done
 
-step "pytest under qemu-aarch64, side by side: ${RUNS[*]}"
+# selfchecks: python -m cfbn with each root's wheel, NEON and scalar, one
+# after the other; run beside the suites so that no core waits.
+selfchecks() {
+    local suite out
+    for suite in "${SUITES[@]}"; do
+        out=$EDGE/selfcheck-aarch64-$suite.txt
+        "${PY[$suite]}" -m cfbn >"$out" 2>&1 \
+            || { cat "$out"; echo "python -m cfbn failed: $suite"; return 1; }
+        CFBN_FORCE_ISA=scalar "${PY[$suite]}" -m cfbn >>"$out" 2>&1 \
+            || { cat "$out"; echo "CFBN_FORCE_ISA=scalar python -m cfbn failed: $suite"; return 1; }
+        echo "python -m cfbn ok: $suite python$(suite_python "$suite") (NEON, scalar)"
+    done
+}
+
+step "pytest under qemu-aarch64, side by side: ${RUNS[*]}; python -m cfbn beside them"
 # CFBN_AARCH64_SUBSET=1: the neon and scalar runs take the cp313 subset too.
 what=(tests)
 [ -z "${CFBN_AARCH64_SUBSET:-}" ] || what=("${SUBSET_313[@]}")
@@ -141,8 +150,13 @@ for run in "${RUNS[@]}"; do
     esac
     pid[$run]=$!
 done
+selfchecks >"$EDGE/selfchecks.txt" 2>&1 &
+checks=$!
 failed=()
 for run in "${RUNS[@]}"; do wait "${pid[$run]}" || failed+=("$run"); done
+wait "$checks" || failed+=("python -m cfbn")
+echo "python -m cfbn under qemu-aarch64 -cpu $CPU (beside the suites):"
+cat "$EDGE/selfchecks.txt"
 for run in "${RUNS[@]}"; do
     case $run in
         neon) echo "cp39, Debian 11 python3.9, NEON table selected ${neon_only[*]}:" ;;
