@@ -56,6 +56,14 @@ static const size_t esize[N_DTYPES] = {4, 8, 2, 2};
 
 static long n_pass, n_fail;
 
+/* Counts one check; returns whether it passed. */
+static int tally(int ok)
+{
+    if (ok) n_pass++;
+    else n_fail++;
+    return ok;
+}
+
 /* KERNEL_CHECK_SHORT set (under valgrind, whose memcheck runs ~50 times
  * slower): fused cases without the streaming repeat in two scenarios
  * (random data, one end of the exponent range), second-order cases in
@@ -478,9 +486,7 @@ static int check_one(const cfbn_kernels *k, int kind, const tcase *t, int scenar
     }
     out_free(&ref);
     out_free(&got);
-    if (ok) n_pass++;
-    else n_fail++;
-    return ok;
+    return tally(ok);
 }
 
 /* ---- fused activation and side input ---- */
@@ -641,9 +647,7 @@ static int check_fused(const cfbn_kernels *k, int kind, const tcase *t, int scen
     out_free(&got);
     out_free(&sref);
     out_free(&sgot);
-    if (ok) n_pass++;
-    else n_fail++;
-    return ok;
+    return tally(ok);
 }
 
 /* Rounding to the 2-byte types, bit for bit: every 2-byte pattern x times
@@ -796,9 +800,7 @@ static int check_runs(const cfbn_kernels *k, int kind, const tcase *t, int scena
     }
     out_free(&ref);
     out_free(&got);
-    if (ok) n_pass++;
-    else n_fail++;
-    return ok;
+    return tally(ok);
 }
 
 static void check_case(const cfbn_kernels *k, int dt, int rows_kind, int64_t rows, int64_t w, int scenario)
@@ -977,9 +979,7 @@ static int check_ggstats(const cfbn_kernels *k, const ggcase *g, int scenario)
     }
     out_free(&ref);
     out_free(&got);
-    if (ok) n_pass++;
-    else n_fail++;
-    return ok;
+    return tally(ok);
 }
 
 /* inplace: 0 separate outputs; 1 ddy is dy's array and dx x's; 2 ddy is
@@ -1030,9 +1030,7 @@ static int check_ggapply(const cfbn_kernels *k, const ggcase *g, int scenario, i
     out_free(&rx);
     out_free(&oy);
     out_free(&ox);
-    if (ok) n_pass++;
-    else n_fail++;
-    return ok;
+    return tally(ok);
 }
 
 /* Several runs in one call (gg*_runs where the table has them): R runs of
@@ -1092,9 +1090,7 @@ static int check_gg_runs(const cfbn_kernels *k, const ggcase *g, int scenario, i
     out_free(&rx);
     out_free(&oy);
     out_free(&ox);
-    if (ok) n_pass++;
-    else n_fail++;
-    return ok;
+    return tally(ok);
 }
 
 static void check_gg_case(const cfbn_kernels *k, int dt, int rows_kind, int64_t rows, int64_t w, int scenario)
