@@ -10,6 +10,28 @@ ct = pytest.importorskip("cfbn.torch")
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
+def _close(got, want):
+    """Equal within float32 rounding of a network's values: the two models'
+    batch norms round differently, and the convolutions around them carry
+    that to every element of a tensor, so the allowance follows the
+    tensor's largest magnitude (gradients of 10-100 differ by a few 1e-5
+    between two float32 runs, against a float64 run as much as each other)."""
+    scale = max(1.0, float(want.abs().max()))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale)
+
+
+def _randomized(model, seed=0):
+    """model with its 2-D batch norms' parameters drawn away from 1 and 0."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    return model
+
+
 def _cnn():
     torch.manual_seed(0)
     model = nn.Sequential(
@@ -17,12 +39,7 @@ def _cnn():
         nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8, momentum=None),
                       nn.ReLU(inplace=True)),
         nn.Flatten(), nn.Linear(8 * 6 * 6, 10), nn.BatchNorm1d(10, affine=False))
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.5, 0.5)
-    return model
+    return _randomized(model, seed=None)
 
 
 def _step(model, x, g):
@@ -32,6 +49,23 @@ def _step(model, x, g):
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     return y.detach(), x.grad, grads
+
+
+def _same_steps(original, model, shape, classes, memory_format=torch.contiguous_format):
+    """Two training steps and one in eval mode give both models the same
+    outputs, input gradients and parameter gradients."""
+    gen = torch.Generator().manual_seed(1)
+    for training in (True, True, False):
+        original.train(training)
+        model.train(training)
+        x = (torch.randn(*shape, generator=gen) * 2 + 1).to(memory_format=memory_format)
+        g = torch.randn(shape[0], classes, generator=gen)
+        ya, dxa, ga = _step(original, x, g)
+        yb, dxb, gb = _step(model, x, g)
+        _close(yb, ya)
+        _close(dxb, dxa)
+        for a, b in zip(ga, gb):
+            _close(b, a)
 
 
 @pytest.mark.parametrize("fuse", [False, True])
@@ -46,22 +80,11 @@ def test_converted_cnn_matches_the_original(fuse):
             ["relu", "relu"]
     else:
         assert kinds.count(nn.ReLU) == 2
-    gen = torch.Generator().manual_seed(1)
-    for training in (True, True, False):
-        original.train(training)
-        model.train(training)
-        x = torch.randn(4, 3, 6, 6, generator=gen) * 2 + 1
-        g = torch.randn(4, 10, generator=gen)
-        ya, dxa, ga = _step(original, x, g)
-        yb, dxb, gb = _step(model, x, g)
-        torch.testing.assert_close(yb, ya, **TOL)
-        torch.testing.assert_close(dxb, dxa, **TOL)
-        for a, b in zip(ga, gb):
-            torch.testing.assert_close(b, a, **TOL)
+    _same_steps(original, model, (4, 3, 6, 6), 10)
     state = model.state_dict()
     assert state.keys() == original.state_dict().keys()
     for k, v in original.state_dict().items():
-        torch.testing.assert_close(state[k], v, **TOL)
+        _close(state[k], v)
     fresh = _cnn()
     fresh.load_state_dict(state)
 
@@ -97,3 +120,150 @@ def test_convert_to_sync_and_back_from_sync():
     # without a process group SyncBatchNorm is the plain batch norm
     x = torch.randn(5, 3, 2, 2)
     torch.testing.assert_close(model[0](x), nn.BatchNorm2d(3)(x), **TOL)
+
+
+# ---- fuse=True inside forward (torch.fx): ReLU and residual add + ReLU
+
+class _Block(nn.Module):
+    """A ResNet basic block as torchvision writes it: one ReLU module used
+    twice, `out += identity`, an optional downsample."""
+
+    def __init__(self, cin, cout, stride=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                            nn.BatchNorm2d(cout))
+        self.stride = stride
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.layer1 = nn.Sequential(_Block(8, 8), _Block(8, 16, 2))
+        self.register_buffer("unused", torch.arange(3.0))
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x):
+        x = torch.nn.functional.relu(self.bn1(self.conv1(x)))
+        x = self.layer1(x)
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def _activations(model):
+    return {n: m.activation for n, m in model.named_modules() if isinstance(m, ct.BatchNorm2d)}
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+def test_fuse_traces_resnet_blocks(memory_format):
+    original = _randomized(_Net()).to(memory_format=memory_format)
+    model = ct.convert(copy.deepcopy(original), fuse=True)
+    # the stem's F.relu, each block's bn1 -> relu and bn2 + identity -> relu;
+    # the downsample's batch norm has nothing after it to fuse
+    assert _activations(model) == {
+        "bn1": "relu", "layer1.0.bn1": "relu", "layer1.0.bn2": "relu", "layer1.1.bn1": "relu",
+        "layer1.1.bn2": "relu", "layer1.1.downsample.1": None}
+    for block in model.layer1:
+        assert isinstance(block, torch.fx.GraphModule) and type(block).__name__ == "_Block"
+        code = block.code
+        assert "relu" not in code and "add" not in code, code
+    assert model.layer1[0].downsample is None and model.layer1[1].stride == 2
+    assert list(model.state_dict()) == list(original.state_dict())
+    _same_steps(original, model, (4, 3, 8, 8), 5, memory_format)
+    for k, v in original.state_dict().items():
+        _close(model.state_dict()[k], v)
+    _Net().load_state_dict(model.state_dict())
+
+
+def test_fused_model_pickles_copies_and_compiles(tmp_path):
+    model = ct.convert(_randomized(_Net()), fuse=True).eval()
+    x = torch.randn(2, 3, 8, 8)
+    want = model(x)
+    torch.save(model, tmp_path / "m.pt")
+    for other in (torch.load(tmp_path / "m.pt", weights_only=False), copy.deepcopy(model),
+                  torch.compile(model, fullgraph=True)):
+        torch.testing.assert_close(other(x), want, rtol=1e-6, atol=1e-6)
+
+
+class _Forms(nn.Module):
+    """Each recognised spelling of ReLU and add, and uses that must not fuse."""
+
+    def __init__(self):
+        super().__init__()
+        self.bns = nn.ModuleList(nn.BatchNorm2d(3) for _ in range(9))
+        self.act = nn.ReLU()
+
+    def forward(self, x, s):
+        b = self.bns
+        fused = [torch.relu(b[0](x)), b[1](x).relu(), torch.nn.functional.relu(b[2](x), True),
+                 self.act(torch.add(s, b[3](x))), (b[4](x) + s).relu_()]
+        y5 = b[5](x)
+        kept = [torch.relu(y5) + y5,                      # the batch norm used twice
+                torch.relu(torch.add(b[6](x), s, alpha=2)),  # a scaled add
+                torch.sigmoid(b[7](x)),                    # another activation
+                b[8](x) * 2]
+        t = b[8](x)                                        # a batch norm called twice
+        return fused + kept + [torch.relu(t)]
+
+
+def test_fuse_recognises_each_form_and_nothing_else():
+    original = _randomized(_Forms())
+    model = ct.convert(copy.deepcopy(original), fuse=True)
+    assert [m.activation for m in model.bns] == ["relu"] * 5 + [None] * 4
+    x, s = torch.randn(4, 3, 5, 5), torch.randn(4, 3, 5, 5)
+    for a, b in zip(original(x, s), model(x, s)):
+        _close(b, a)
+
+
+class _ModeDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(3)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(x))
+        return y * 2 if self.training else y
+
+
+class _Untraceable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(3)
+
+    def forward(self, x):
+        y = self.bn(x)
+        if y.sum() > 0:      # control flow on a tensor's value
+            return torch.relu(y)
+        return y
+
+
+@pytest.mark.parametrize("cls", [_ModeDependent, _Untraceable])
+def test_fuse_leaves_modules_it_cannot_trace_faithfully(cls):
+    model = nn.Sequential(cls())
+    ct.convert(model, fuse=True)
+    assert type(model[0]) is cls and type(model[0].bn) is ct.BatchNorm2d
+    assert model[0].bn.activation is None and model[0].training
+
+
+def test_fuse_keeps_training_flags_of_submodules():
+    model = _Net()
+    model.layer1[1].bn1.eval()
+    model = ct.convert(model, fuse=True)
+    assert model.training and not model.layer1[1].bn1.training
+    assert model.layer1[0].bn1.training

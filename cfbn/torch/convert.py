@@ -2,6 +2,7 @@
 import torch
 import torch.nn as nn
 
+from . import fuse as _fx
 from .modules import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from .sync import SyncBatchNorm
 
@@ -9,6 +10,7 @@ from .sync import SyncBatchNorm
 _KINDS = ((nn.SyncBatchNorm, SyncBatchNorm), (nn.BatchNorm3d, BatchNorm3d),
           (nn.BatchNorm2d, BatchNorm2d), (nn.BatchNorm1d, BatchNorm1d))
 _OURS = (BatchNorm1d, BatchNorm2d, BatchNorm3d, SyncBatchNorm)
+_FUSABLE = (BatchNorm1d, BatchNorm2d, BatchNorm3d)
 
 
 def _target(module, sync):
@@ -77,18 +79,33 @@ def _convert(module, fuse, sync, process_group):
             setattr(module, name, _replacement(child, sync, process_group))
         else:
             _convert(child, fuse, sync, process_group)
+            traced = _fused_forward(child) if fuse else None
+            if traced is not None:
+                setattr(module, name, traced)
     if fuse and isinstance(module, nn.Sequential):
         _fuse_relu(module)
+
+
+def _with_relu(bn):
+    return _swap(bn, type(bn), None, activation="relu")
 
 
 def _fuse_relu(seq):
     names = [name for name, _ in seq.named_children()]
     for a, b in zip(names, names[1:]):
         bn, act = getattr(seq, a), getattr(seq, b)
-        if type(bn) in (BatchNorm1d, BatchNorm2d, BatchNorm3d) and bn.activation is None \
-                and type(act) is nn.ReLU:
-            setattr(seq, a, _swap(bn, type(bn), None, activation="relu"))
+        if type(bn) in _FUSABLE and bn.activation is None and type(act) is nn.ReLU:
+            setattr(seq, a, _with_relu(bn))
             setattr(seq, b, nn.Identity())
+
+
+def _fused_forward(module):
+    """`module` as a GraphModule with the ReLU and residual-add patterns of
+    its own forward fused, or None (see cfbn.torch.fuse)."""
+    if isinstance(module, (nn.Sequential,) + _OURS) or not any(
+            type(m) in _FUSABLE and m.activation is None for m in module.modules()):
+        return None
+    return _fx.fuse_graph(module, _FUSABLE, _with_relu)
 
 
 def convert(model, fuse=False, *, sync=False, process_group=None):
@@ -108,14 +125,30 @@ def convert(model, fuse=False, *, sync=False, process_group=None):
     model : torch.nn.Module
         Converted in place.
     fuse : bool
-        Also fold a batch norm directly followed by an ``nn.ReLU`` into
-        ``activation="relu"``.  The one pattern recognised is two
-        consecutive children of an ``nn.Sequential``: a (converted)
-        ``BatchNorm1d/2d/3d`` then an ``nn.ReLU`` module (``inplace``
-        either way), whose slot becomes ``nn.Identity()``.  A ReLU called
-        in a ``forward`` (``F.relu``, ``torch.relu``) or a residual add is
-        not seen: that needs the traced graph (torch.fx), not the module
-        tree.  SyncBatchNorm is never fused.
+        Also fold a ReLU, or a residual add and a ReLU, into the
+        (converted) ``BatchNorm1d/2d/3d`` before it (``activation="relu"``,
+        the add as its ``side_input``).  Two places are looked at:
+
+        - consecutive children of an ``nn.Sequential``: a batch norm then
+          an ``nn.ReLU`` module, whose slot becomes ``nn.Identity()``;
+        - the ``forward`` of any other module that holds a batch norm
+          (a ResNet ``BasicBlock`` or ``Bottleneck``, the model itself),
+          traced with torch.fx, every submodule a leaf:
+          ``relu(bn(x))`` and ``relu(bn(x) + other)`` (or ``other +
+          bn(x)``; ``+``, ``+=``, ``torch.add``, ``.add``), where the
+          ReLU is an ``nn.ReLU`` module, ``F.relu``, ``torch.relu`` or
+          ``.relu()`` (in place or not), the batch norm is called once,
+          and neither it nor the sum is used elsewhere.  Such a module is
+          replaced by a ``torch.fx.GraphModule`` of its class's name
+          running the rewritten forward, holding the same submodules,
+          parameters and buffers (the state_dict is unchanged); it is no
+          longer an instance of its class, and hooks on the module itself
+          are not carried over.  A forward that cannot be traced, or that
+          traces differently in training and in eval mode, is left alone.
+          The added tensor must have the batch norm output's shape, as in
+          ResNet blocks (no broadcasting).
+
+        SyncBatchNorm is never fused.
     sync : bool
         Produce `SyncBatchNorm` for every batch norm, as
         ``nn.SyncBatchNorm.convert_sync_batchnorm`` does.
@@ -126,9 +159,12 @@ def convert(model, fuse=False, *, sync=False, process_group=None):
     Returns
     -------
     torch.nn.Module
-        `model`, or the new module when `model` itself is a batch norm.
+        `model`; the new module when `model` itself is a batch norm; with
+        ``fuse=True``, a GraphModule in `model`'s place when `model`'s own
+        forward had a pattern fused (use the returned module).
     """
     if _wanted(model, sync):
         return _replacement(model, sync, process_group)
     _convert(model, fuse, sync, process_group)
-    return model
+    traced = _fused_forward(model) if fuse else None
+    return model if traced is None else traced
