@@ -557,6 +557,26 @@ def test_outputs_own_their_memory():
     assert _bridge.empty_like(x).stride() == y.stride()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_outputs_may_be_modified_in_place(layout, dtype):
+    # nn.ReLU(inplace=True) after a batch norm, as ResNets write it: autograd
+    # refuses an in-place change of a custom Function's output that is a
+    # view, so no layout or dtype may hand out one.
+    rank, shape, mem = LAYOUTS[layout]
+    ref, ours = _pair(rank, shape[1], dtype=torch.float32)
+    x = _input(shape, mem, dtype)
+    grads = []
+    for m in (ref, ours):
+        xi = x.detach().clone().requires_grad_()
+        y = m(xi)
+        assert y._base is None
+        (torch.relu_(y) * 2).sum().backward()
+        grads.append((y.detach(), xi.grad, m.weight.grad))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, **TOL[dtype])
+
+
 @pytest.mark.parametrize("training", [True, False])
 def test_export_records_the_operator(training):
     model = nn.Sequential(nn.Conv2d(3, 4, 3), ct.BatchNorm2d(4, activation="relu"))

@@ -152,7 +152,12 @@ def output(x, kind):
         t = torch.from_numpy(a).permute(_FROM_LAST[len(shape)])
         v = a.reshape(-1, shape[1])
     if bf16:
-        return t.view(torch.bfloat16), v.view(_numpy_bfloat16())
+        v = v.view(_numpy_bfloat16())
+    if bf16 or t.dim() > 2 and kind != FIRST:
+        # A tensor of its own over the same storage, not a view (permute,
+        # view(dtype)): autograd forbids modifying a custom Function's view
+        # output in place, as nn.ReLU(inplace=True) after a batch norm does.
+        t = torch.empty(0, dtype=x.dtype).set_(t.untyped_storage(), 0, t.shape, t.stride())
     return t, v
 
 
