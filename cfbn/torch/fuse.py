@@ -18,6 +18,7 @@ A module is left as it is when its forward cannot be traced (control flow
 on tensor values), when it traces differently in training and in eval mode
 (its code reads ``self.training``), or when no pattern is found.
 """
+import collections
 import operator
 
 import torch
@@ -71,13 +72,8 @@ def _is_relu(node, modules):
 
 
 def _is_add(node):
-    if node.op == "call_function" and node.target in _ADD_FUNCTIONS:
-        pass
-    elif node.op == "call_method" and node.target in _ADD_METHODS:
-        pass
-    else:
-        return False
-    return len(node.args) == 2 and not node.kwargs and \
+    adds = {"call_function": _ADD_FUNCTIONS, "call_method": _ADD_METHODS}.get(node.op, ())
+    return node.target in adds and len(node.args) == 2 and not node.kwargs and \
         all(isinstance(a, fx.Node) for a in node.args)
 
 
@@ -109,10 +105,7 @@ def fuse_graph(module, kinds, swap):
     if graph is None:
         return None
     modules = dict(module.named_modules())
-    calls = {}
-    for node in graph.nodes:
-        if node.op == "call_module":
-            calls[node.target] = calls.get(node.target, 0) + 1
+    calls = collections.Counter(n.target for n in graph.nodes if n.op == "call_module")
     fused = 0
     for node in list(graph.nodes):
         if not _fusable_bn(node, modules, calls, kinds):
