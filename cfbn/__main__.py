@@ -3,11 +3,13 @@
 Prints runtime_info(), checks the selected kernels against cfbn.reference on
 random data (exit status 1 if any check fails), then times three shapes for
 the forward pass (training and inference), the gradient and the gradient of
-the gradient beside the NumPy
-reference, as time per call and effective bandwidth (minimal bytes moved:
-2x the size of x for a forward pass, 3x for a gradient, 5x for the
-second-order gradient).
+the gradient beside the NumPy reference and, where PyTorch is installed,
+beside PyTorch's CPU batch norm on the same memory (a channels_last tensor),
+as time per call and effective bandwidth (minimal bytes moved: 2x the size
+of x for a forward pass, 3x for a gradient, 5x for the second-order
+gradient).  Other processes' CPU use while timing is measured and reported.
 """
+import argparse
 import importlib.util
 import sys
 import time
@@ -15,7 +17,7 @@ import time
 import numpy as np
 
 import cfbn
-from cfbn import _args, reference
+from cfbn import _args, _cpuload, reference
 
 CHECK_CASES = [
     ((4, 7, 9, 17), "NHWC"), ((3, 17, 5, 11), "NCHW"), ((257, 3), "NC"),
@@ -103,35 +105,85 @@ def _time(fn, min_time=0.2, max_calls=2000):
     return times[len(times) // 2]
 
 
-def speed_table(rng):
+def _torch_ops(torch, x, scale, offset, mean, var, dy, eps):
+    """PyTorch's batch norm on the same memory: NHWC arrays seen as
+    channels_last NCHW tensors (no copy); op name -> callable."""
+    F = torch.nn.functional
+    xt, dyt = (torch.from_numpy(a).permute(0, 3, 1, 2) for a in (x, dy))
+    w, b = torch.from_numpy(scale), torch.from_numpy(offset)
+    # training updates its running statistics in place; inference reads its own
+    rm, rv = torch.from_numpy(mean.copy()), torch.from_numpy(var.copy())
+    m, v = torch.from_numpy(mean), torch.from_numpy(var)
+    _, save_mean, save_invstd = torch.ops.aten.native_batch_norm(xt, w, b, rm, rv, True, 0.1, eps)
+    return {
+        "forward train": lambda: F.batch_norm(xt, rm, rv, w, b, True, 0.1, eps),
+        "forward infer": lambda: F.batch_norm(xt, m, v, w, b, False, 0.1, eps),
+        "gradient": lambda: torch.ops.aten.native_batch_norm_backward(
+            dyt, xt, w, rm, rv, save_mean, save_invstd, True, eps, [True, True, True]),
+    }
+
+
+def speed_table(rng, torch=None):
+    """Rows (shape, op, cfbn s, cfbn GB/s, reference s, PyTorch s or None)."""
     rows = []
+    eps = 1e-3
     for shape in BENCH_SHAPES:
         x, scale, offset, mean, var = _inputs(rng, shape, "NHWC", np.float32)
         dy = rng.standard_normal(shape).astype(np.float32)
-        fwd = cfbn.fused_batch_norm(x, scale, offset)
+        fwd = cfbn.fused_batch_norm(x, scale, offset, epsilon=eps)
         nbytes = x.nbytes
         ops = [
             ("forward train", 2 * nbytes,
-             lambda: cfbn.fused_batch_norm(x, scale, offset, mean, var, exponential_avg_factor=0.1),
-             lambda: reference.fused_batch_norm(x, scale, offset, mean, var, exponential_avg_factor=0.1)),
+             lambda: cfbn.fused_batch_norm(x, scale, offset, mean, var, epsilon=eps,
+                                           exponential_avg_factor=0.1),
+             lambda: reference.fused_batch_norm(x, scale, offset, mean, var, epsilon=eps,
+                                                exponential_avg_factor=0.1)),
             ("forward infer", 2 * nbytes,
-             lambda: cfbn.fused_batch_norm(x, scale, offset, mean, var, is_training=False),
-             lambda: reference.fused_batch_norm(x, scale, offset, mean, var, is_training=False)),
+             lambda: cfbn.fused_batch_norm(x, scale, offset, mean, var, epsilon=eps,
+                                           is_training=False),
+             lambda: reference.fused_batch_norm(x, scale, offset, mean, var, epsilon=eps,
+                                                is_training=False)),
             ("gradient", 3 * nbytes,
-             lambda: cfbn.fused_batch_norm_grad(dy, x, scale, fwd[3], fwd[4]),
-             lambda: reference.fused_batch_norm_grad(dy, x, scale, fwd[3], fwd[4])),
+             lambda: cfbn.fused_batch_norm_grad(dy, x, scale, fwd[3], fwd[4], epsilon=eps),
+             lambda: reference.fused_batch_norm_grad(dy, x, scale, fwd[3], fwd[4], epsilon=eps)),
             ("grad of grad", 5 * nbytes,
-             lambda: cfbn.fused_batch_norm_grad_grad(dy, x, scale, fwd[3], fwd[4], x, scale),
-             lambda: reference.fused_batch_norm_grad_grad(dy, x, scale, fwd[3], fwd[4], x, scale)),
+             lambda: cfbn.fused_batch_norm_grad_grad(dy, x, scale, fwd[3], fwd[4], x, scale,
+                                                     epsilon=eps),
+             lambda: reference.fused_batch_norm_grad_grad(dy, x, scale, fwd[3], fwd[4], x, scale,
+                                                          epsilon=eps)),
         ]
+        theirs = _torch_ops(torch, x, scale, offset, mean, var, dy, eps) if torch else {}
         for name, moved, ours, ref in ops:
             t = _time(ours)
+            tt = _time(theirs[name]) if name in theirs else None
             tr = _time(ref, min_time=0.1, max_calls=20)
-            rows.append((shape, name, t, moved / t / 1e9, tr, tr / t))
+            rows.append((shape, name, t, moved / t / 1e9, tr, tt))
     return rows
 
 
-def main():
+def _parse(argv):
+    ap = argparse.ArgumentParser(
+        prog="python -m cfbn",
+        description="Print what this machine runs (ISAs, threads), check the selected "
+                    "kernels against the float64 reference, then time cfbn beside the NumPy "
+                    "reference and, where installed, PyTorch. Exit status 1 if the "
+                    "self-check fails.")
+    ap.add_argument("--check", action="store_true",
+                    help="the self-check only, without the speed table (for slow or "
+                         "emulated machines)")
+    ap.add_argument("--no-torch", action="store_true",
+                    help="leave PyTorch out of the speed table even where it is installed")
+    return ap.parse_args(argv)
+
+
+def _fmt_ratio(t, other):
+    """Another's time per call and how many times cfbn's it is."""
+    ratio = other / t
+    return "%.1f us | %s" % (other * 1e6, ("%.0fx" if ratio >= 10 else "%.2fx") % ratio)
+
+
+def main(argv=None):
+    args = _parse(argv)
     info = cfbn.runtime_info()
     print("cfbn %s" % info["version"])
     for key in ("compiled_isas", "supported_isas", "selected_isa", "openmp", "max_threads",
@@ -148,14 +200,37 @@ def main():
     print("\nself-check passed: %d shapes over 5 layouts x %s, forward, gradient and "
           "second-order gradient, against "
           "cfbn.reference (float64)" % (len(CHECK_CASES), "/".join(d.name for d in tols)))
+    if args.check:
+        return 0
+    torch = None
+    if not args.no_torch and importlib.util.find_spec("torch") is not None:
+        import torch
+        torch.set_num_threads(info["max_threads"])
     print("\nfloat32 NHWC, %s kernels, %d threads; median of repeated calls, outputs allocated "
-          "by each call\n"
+          "by each call; the speed-ups are the other's time over cfbn's\n"
           % (info["selected_isa"], info["max_threads"]))
-    print("| shape (N,H,W,C) | op | cfbn | GB/s | NumPy reference | speed-up |")
-    print("|---|---|---:|---:|---:|---:|")
-    for shape, name, t, gbs, tr, ratio in speed_table(rng):
-        print("| %s | %s | %.1f us | %.1f | %.1f us | %.0fx |"
-              % (",".join(map(str, shape)), name, t * 1e6, gbs, tr * 1e6, ratio))
+    head = "| shape (N,H,W,C) | op | cfbn | GB/s | NumPy reference | speed-up |"
+    rule = "|---|---|---:|---:|---:|---:|"
+    if torch is not None:
+        head += " PyTorch %s (channels_last) | speed-up |" % torch.__version__
+        rule += "---:|---:|"
+    meter = _cpuload.CpuMeter()
+    rows = speed_table(rng, torch)
+    others = meter.others()
+    print(head)
+    print(rule)
+    for shape, name, t, gbs, tr, tt in rows:
+        line = "| %s | %s | %.1f us | %.1f | %s |" % (
+            ",".join(map(str, shape)), name, t * 1e6, gbs, _fmt_ratio(t, tr))
+        if torch is not None:
+            line += " %s |" % (_fmt_ratio(t, tt) if tt is not None else "- | -")
+        print(line)
+    if torch is not None:
+        print("\nPyTorch has no second-order batch-norm operator to time by itself: its double "
+              "backward runs through autograd.")
+    if others is not None and others > 0.25:
+        print("\nwarning: other processes used %.1f of this machine's CPUs while these were "
+              "timed; the times and speed-ups are not reliable" % others)
     return 0
 
 

@@ -135,16 +135,3 @@ def test_forcing_an_unsupported_compiled_isa_is_an_error():
     if not missing:
         pytest.skip("every compiled ISA runs on this CPU")
     assert_import_fails(missing[0])
-
-
-def test_module_main_prints_a_report():
-    env = dict(os.environ)
-    env.pop("CFBN_FORCE_ISA", None)
-    package_parent = str(Path(cfbn.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, "-m", "cfbn"], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert cfbn.runtime_info()["selected_isa"] in proc.stdout
-    # ml_dtypes is installed with the tests: the self-check covers bfloat16 and says so
-    assert "float32/float64/float16/bfloat16" in proc.stdout, proc.stdout
