@@ -9,7 +9,7 @@
 #   cp313   cp313 wheel, Debian 13 (trixie) python3.13, NEON selected: a
 #           representative subset (SUBSET_313 below); the whole suite would
 #           not fit the CI budget
-# and, beside them, `python -m cfbn` (the self-check) with the wheel of each
+# and, beside them, `python -m cfbn --check` (the self-check) with the wheel of each
 # run, with the NEON table and with CFBN_FORCE_ISA=scalar.  cp310 and cp312 have no arm64 CPython in any Debian
 # release and none on PyPI: those wheels are built, not run.
 #
@@ -111,15 +111,16 @@ assert info["selected_isa"] == "neon", info
 PY
 done
 
-# selfchecks: python -m cfbn with each root's wheel, NEON and scalar, one
-# after the other; run beside the suites so that no core waits.
+# selfchecks: python -m cfbn --check (no speed table: emulated times mean
+# nothing) with each root's wheel, NEON and scalar, one after the other;
+# run beside the suites so that no core waits.
 selfchecks() {
     local suite out
     for suite in "${SUITES[@]}"; do
         out=$EDGE/selfcheck-aarch64-$suite.txt
-        "${PY[$suite]}" -m cfbn >"$out" 2>&1 \
+        "${PY[$suite]}" -m cfbn --check >"$out" 2>&1 \
             || { cat "$out"; echo "python -m cfbn failed: $suite"; return 1; }
-        CFBN_FORCE_ISA=scalar "${PY[$suite]}" -m cfbn >>"$out" 2>&1 \
+        CFBN_FORCE_ISA=scalar "${PY[$suite]}" -m cfbn --check >>"$out" 2>&1 \
             || { cat "$out"; echo "CFBN_FORCE_ISA=scalar python -m cfbn failed: $suite"; return 1; }
         echo "python -m cfbn ok: $suite python$(suite_python "$suite") (NEON, scalar)"
     done
