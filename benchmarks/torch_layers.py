@@ -1,0 +1,185 @@
+"""Forward + backward of one batch-norm layer: torch.nn against cfbn.torch.
+
+For each shape (compare.py's, as NCHW, and the smaller planes of a ResNet-18
+at 112 px) and memory format (contiguous, channels_last), three forms:
+
+- ``BN``: ``nn.BatchNorm2d`` against ``cfbn.torch.BatchNorm2d``;
+- ``BN+ReLU``: ``torch.relu(nn.BatchNorm2d(x))`` against the module with
+  ``activation="relu"``;
+- ``BN+add+ReLU``: ``torch.relu(bn(x) + side)`` against
+  ``forward(x, side_input=side)``.
+
+Each call is a training forward (running statistics updated) and a backward
+to x, the parameters and side; gradients are reset to None before each, so
+no accumulation is timed.  Before timing, each pair's outputs and gradients
+are compared (float32 rounding, relative to each tensor's largest element).
+The two run alternately, batch by batch; the table shows median times and
+the ratio cfbn / torch (below 1: cfbn faster), and says when other processes
+loaded the CPUs meanwhile.
+
+    python benchmarks/torch_layers.py [--threads 2] [--repeats 5] [--shapes 32x64x56x56,...]
+"""
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+import cfbn.torch as ct
+from _bench_common import SHAPES, CpuMeter, cpu_model
+
+RESNET_112 = [(32, 64, 28, 28), (32, 128, 14, 14), (32, 256, 7, 7), (32, 512, 4, 4)]
+FORMS = ("BN", "BN+ReLU", "BN+add+ReLU")
+
+
+def default_shapes():
+    nchw = [(n, c, h, w) for n, h, w, c in SHAPES]
+    return nchw + [s for s in RESNET_112 if s not in nchw]
+
+
+class Case:
+    """One shape, format and form: the torch and cfbn callables."""
+
+    def __init__(self, shape, fmt, form):
+        gen = torch.Generator().manual_seed(1)
+        self.x = torch.randn(shape, generator=gen).to(memory_format=fmt).requires_grad_()
+        self.side = torch.randn(shape, generator=gen).to(memory_format=fmt).requires_grad_()
+        self.dy = torch.randn(shape, generator=gen).to(memory_format=fmt)
+        c = shape[1]
+        self.ref = nn.BatchNorm2d(c)
+        self.ours = ct.BatchNorm2d(c, activation=None if form == "BN" else "relu")
+        with torch.no_grad():
+            for m in (self.ref, self.ours):
+                m.weight.copy_(torch.linspace(0.5, 1.5, c))
+                m.bias.copy_(torch.linspace(-0.2, 0.2, c))
+        self.form = form
+
+    def _inputs(self):
+        return [self.x, self.side] if self.form == "BN+add+ReLU" else [self.x]
+
+    def _clear(self, m):
+        for t in self._inputs() + [m.weight, m.bias]:
+            t.grad = None
+
+    def torch_step(self):
+        self._clear(self.ref)
+        y = self.ref(self.x)
+        if self.form == "BN+ReLU":
+            y = torch.relu(y)
+        elif self.form == "BN+add+ReLU":
+            y = torch.relu(y + self.side)
+        y.backward(self.dy)
+        return y
+
+    def cfbn_step(self):
+        self._clear(self.ours)
+        side = self.side if self.form == "BN+add+ReLU" else None
+        y = self.ours(self.x, side_input=side)
+        y.backward(self.dy)
+        return y
+
+    def _kinks(self):
+        """Elements whose pre-activation is within float32 rounding of ReLU's
+        kink (computed in float64), where either may round to the other
+        side: their dx and side gradients are not compared, and their share
+        of the weight and bias gradients widens those bounds.  None without
+        an activation."""
+        if self.form == "BN":
+            return None
+        with torch.no_grad():
+            x = self.x.double()
+            mean = x.mean((0, 2, 3), keepdim=True)
+            xhat = (x - mean) / (x.var((0, 2, 3), unbiased=False, keepdim=True) + self.ref.eps).sqrt()
+            pre = xhat * self.ref.weight.double()[:, None, None] + self.ref.bias.double()[:, None, None]
+            if self.form == "BN+add+ReLU":
+                pre = pre + self.side.double()
+            scale = max(float(pre.abs().max()), 1.0)
+            return pre.abs() < 1e-5 * scale, xhat
+
+    def check(self):
+        """Largest difference of outputs and gradients, relative to each
+        tensor's largest element (and the kinks' share of it)."""
+        want = [self.torch_step().detach()] + [t.grad.clone() for t in self._inputs()] + [
+            self.ref.weight.grad.clone(), self.ref.bias.grad.clone()]
+        got = [self.cfbn_step().detach()] + [t.grad for t in self._inputs()] + [
+            self.ours.weight.grad, self.ours.bias.grad]
+        kinks = self._kinks()
+        n_elem = 1 + len(self._inputs())
+        worst = 0.0
+        for i, (g, w) in enumerate(zip(got, want)):
+            top = max(float(w.abs().max()), 1e-30)
+            diff = (g - w).abs().double()
+            slack = 0.0
+            if kinks is not None and 0 < i < n_elem:
+                diff = diff.masked_fill(kinks[0], 0.0)
+            elif kinks is not None and i >= n_elem:
+                # a flipped element moves a channel's weight gradient by
+                # dy * xhat and its bias gradient by dy
+                dy = self.dy.double().abs().masked_fill(~kinks[0], 0.0)
+                share = dy * kinks[1].abs() if i == n_elem else dy
+                slack = share.sum((0, 2, 3))
+            worst = max(worst, float(((diff - slack).clamp(min=0.0)).max() / top))
+        return worst
+
+
+def timed(fn, min_s):
+    """Seconds per call over a batch of calls lasting at least min_s."""
+    n, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        t = time.perf_counter() - t0
+        if t >= min_s:
+            return t / n
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5, help="alternating batches per cell")
+    ap.add_argument("--min-batch-ms", type=float, default=30.0)
+    ap.add_argument("--shapes", default="", help="NxCxHxW,... (default: compare.py's and ResNet-18's at 112 px)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+              if args.shapes else default_shapes())
+    print("One batch-norm layer, forward + backward, float32, %d threads; torch %s; %s"
+          % (args.threads, torch.__version__, cpu_model()))
+    print("\n| shape (N,C,H,W) | memory format | form | torch us | cfbn us | cfbn / torch | check |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    meter = CpuMeter()
+    worst = 0.0
+    for shape in shapes:
+        for fname, fmt in (("contiguous", torch.contiguous_format), ("channels_last", torch.channels_last)):
+            for form in FORMS:
+                case = Case(shape, fmt, form)
+                err = case.check()
+                worst = max(worst, err)
+                timed(case.torch_step, 0.005)
+                timed(case.cfbn_step, 0.005)
+                ts, cs, ratios = [], [], []
+                for r in range(args.repeats):
+                    pair = (case.torch_step, case.cfbn_step) if r % 2 == 0 else (case.cfbn_step, case.torch_step)
+                    a, b = (timed(f, args.min_batch_ms / 1e3) for f in pair)
+                    t, c = (a, b) if r % 2 == 0 else (b, a)
+                    ts.append(t)
+                    cs.append(c)
+                    ratios.append(c / t)
+                print("| %s | %s | %s | %.0f | %.0f | %.2f | %.1e |" % (
+                    ",".join(map(str, shape)), fname, form, statistics.median(ts) * 1e6,
+                    statistics.median(cs) * 1e6, statistics.median(ratios), err))
+                sys.stdout.flush()
+    others = meter.others()
+    if others is not None and others > 0.25:
+        print("\nwarning: other processes used %.1f CPUs meanwhile; the ratios are not reliable" % others)
+    if worst > 1e-3:
+        print("\nCHECK FAILED: a cfbn output or gradient differs from torch's by %.1e of its "
+              "largest element" % worst)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
