@@ -1,0 +1,126 @@
+"""Per-call cost of cfbn.torch: the autograd floor, the raw kernels, the bridge.
+
+On a small tensor (default (8,16,8,8) float32, one thread) a training
+forward + backward is mostly fixed cost.  Timed in interleaved rounds, each
+a batch of calls:
+
+- ``floor``: ``x.mul(1.0)`` forward and backward, PyTorch's autograd cost
+  for an op that does nothing;
+- ``raw``: ``cfbn.fused_batch_norm`` and ``cfbn.fused_batch_norm_grad`` on
+  NumPy views of the same memory (the kernels and cfbn's own Python);
+- ``cfbn.torch``: ``cfbn.torch.BatchNorm2d`` forward and backward (eager:
+  a plain ``autograd.Function``);
+- ``operator``: ``torch.ops.cfbn.batch_norm`` with its registered autograd,
+  called eagerly (what a compiled graph runs, without the compiler);
+- ``nn``: ``nn.BatchNorm2d`` forward and backward.
+
+Printed: the minimum over rounds of each (the least disturbed), and the
+bridge, ``cfbn.torch - floor - raw``: what the PyTorch glue adds beyond
+autograd's own cost and the NumPy call.
+
+    python benchmarks/torch_overhead.py [--shape 8x16x8x8] [--threads 1] [--rounds 15]
+"""
+import argparse
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+import cfbn
+import cfbn.torch as ct
+from _bench_common import CpuMeter, cpu_model
+
+
+def calls(shape):
+    """name -> callable of one forward + backward."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=gen).requires_grad_()
+    dy = torch.randn(shape, generator=gen)
+    c = shape[1]
+    ours, ref = ct.BatchNorm2d(c), nn.BatchNorm2d(c)
+    w, b = ours.weight, ours.bias
+    rm, rv = torch.zeros(c), torch.ones(c)
+
+    def clear(*ts):
+        for t in ts:
+            t.grad = None
+
+    def floor():
+        clear(x)
+        x.mul(1.0).backward(dy)
+
+    xa = x.detach().numpy()
+    dya = dy.numpy()
+    wa, ba = w.detach().numpy(), b.detach().numpy()
+    ma, va = rm.numpy(), rv.numpy()
+
+    def raw():
+        f = cfbn.fused_batch_norm(xa, wa, ba, ma, va, epsilon=1e-5, data_format="NCHW",
+                                  exponential_avg_factor=0.1)
+        cfbn.fused_batch_norm_grad(dya, xa, wa, f[3], f[4], epsilon=1e-5, data_format="NCHW")
+
+    def bridge():
+        clear(x, w, b)
+        ours(x).backward(dy)
+
+    def operator():
+        clear(x, w, b)
+        y = torch.ops.cfbn.batch_norm(x, w, b, rm, rv, None, True, 0.1, 1e-5, None, None, None)[0]
+        y.backward(dy)
+
+    def torch_nn():
+        clear(x, ref.weight, ref.bias)
+        ref(x).backward(dy)
+
+    return {"floor": floor, "raw": raw, "cfbn.torch": bridge, "operator": operator,
+            "nn": torch_nn}
+
+
+def per_call(fn, min_s):
+    n, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        t = time.perf_counter() - t0
+        if t >= min_s:
+            return t / n
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="8x16x8x8", help="NxCxHxW, contiguous")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--min-batch-ms", type=float, default=20.0)
+    args = ap.parse_args(argv)
+    shape = tuple(int(v) for v in args.shape.split("x"))
+    torch.set_num_threads(args.threads)
+    fns = calls(shape)
+    for fn in fns.values():
+        per_call(fn, 0.02)
+    meter = CpuMeter()
+    best = {name: float("inf") for name in fns}
+    names = list(fns)
+    for r in range(args.rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            best[name] = min(best[name], per_call(fns[name], args.min_batch_ms / 1e3))
+    others = meter.others()
+    print("Training forward + backward of %s float32, %d thread(s); torch %s, cfbn %s; %s"
+          % (shape, args.threads, torch.__version__, cfbn.__version__, cpu_model()))
+    print("minimum over %d interleaved rounds\n" % args.rounds)
+    print("| call | us |")
+    print("|---|---:|")
+    for name in names:
+        print("| %s | %.1f |" % (name, best[name] * 1e6))
+    print("| bridge: cfbn.torch - floor - raw | %.1f |"
+          % ((best["cfbn.torch"] - best["floor"] - best["raw"]) * 1e6))
+    print("| operator - floor - raw | %.1f |"
+          % ((best["operator"] - best["floor"] - best["raw"]) * 1e6))
+    if others is not None and others > 0.25:
+        print("\nwarning: other processes used %.1f CPUs meanwhile" % others)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
