@@ -22,13 +22,12 @@ loaded the CPUs meanwhile.
 import argparse
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn as nn
 
 import cfbn.torch as ct
-from _bench_common import SHAPES, CpuMeter, cpu_model
+from _bench_common import SHAPES, CpuMeter, cpu_model, interleaved
 
 RESNET_112 = [(32, 64, 28, 28), (32, 128, 14, 14), (32, 256, 7, 7), (32, 512, 4, 4)]
 FORMS = ("BN", "BN+ReLU", "BN+add+ReLU")
@@ -124,17 +123,6 @@ class Case:
         return worst
 
 
-def timed(fn, min_s):
-    """Seconds per call over a batch of calls lasting at least min_s."""
-    n, t0 = 0, time.perf_counter()
-    while True:
-        fn()
-        n += 1
-        t = time.perf_counter() - t0
-        if t >= min_s:
-            return t / n
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -157,16 +145,9 @@ def main(argv=None):
                 case = Case(shape, fmt, form)
                 err = case.check()
                 worst = max(worst, err)
-                timed(case.torch_step, 0.005)
-                timed(case.cfbn_step, 0.005)
-                ts, cs, ratios = [], [], []
-                for r in range(args.repeats):
-                    pair = (case.torch_step, case.cfbn_step) if r % 2 == 0 else (case.cfbn_step, case.torch_step)
-                    a, b = (timed(f, args.min_batch_ms / 1e3) for f in pair)
-                    t, c = (a, b) if r % 2 == 0 else (b, a)
-                    ts.append(t)
-                    cs.append(c)
-                    ratios.append(c / t)
+                ts, cs = interleaved([case.torch_step, case.cfbn_step], args.repeats,
+                                     args.min_batch_ms / 1e3)
+                ratios = [c / t for t, c in zip(ts, cs)]
                 print("| %s | %s | %s | %.0f | %.0f | %.2f | %.1e |" % (
                     ",".join(map(str, shape)), fname, form, statistics.median(ts) * 1e6,
                     statistics.median(cs) * 1e6, statistics.median(ratios), err))

@@ -22,14 +22,13 @@ autograd's own cost and the NumPy call.
 """
 import argparse
 import sys
-import time
 
 import torch
 import torch.nn as nn
 
 import cfbn
 import cfbn.torch as ct
-from _bench_common import CpuMeter, cpu_model
+from _bench_common import CpuMeter, cpu_model, interleaved
 
 
 def calls(shape):
@@ -77,16 +76,6 @@ def calls(shape):
             "nn": torch_nn}
 
 
-def per_call(fn, min_s):
-    n, t0 = 0, time.perf_counter()
-    while True:
-        fn()
-        n += 1
-        t = time.perf_counter() - t0
-        if t >= min_s:
-            return t / n
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="8x16x8x8", help="NxCxHxW, contiguous")
@@ -97,14 +86,10 @@ def main(argv=None):
     shape = tuple(int(v) for v in args.shape.split("x"))
     torch.set_num_threads(args.threads)
     fns = calls(shape)
-    for fn in fns.values():
-        per_call(fn, 0.02)
-    meter = CpuMeter()
-    best = {name: float("inf") for name in fns}
     names = list(fns)
-    for r in range(args.rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            best[name] = min(best[name], per_call(fns[name], args.min_batch_ms / 1e3))
+    meter = CpuMeter()
+    samples = interleaved([fns[n] for n in names], args.rounds, args.min_batch_ms / 1e3)
+    best = {name: min(s) for name, s in zip(names, samples)}
     others = meter.others()
     print("Training forward + backward of %s float32, %d thread(s); torch %s, cfbn %s; %s"
           % (shape, args.threads, torch.__version__, cfbn.__version__, cpu_model()))
