@@ -204,8 +204,12 @@ def main(argv=None):
         return 0
     torch = None
     if not args.no_torch and importlib.util.find_spec("torch") is not None:
-        import torch
-        torch.set_num_threads(info["max_threads"])
+        try:
+            import torch
+        except ImportError as exc:   # installed but broken: time cfbn alone
+            print("\nPyTorch left out: import torch failed (%s)" % exc)
+        else:
+            torch.set_num_threads(info["max_threads"])
     print("\nfloat32 NHWC, %s kernels, %d threads; median of repeated calls, outputs allocated "
           "by each call; the speed-ups are the other's time over cfbn's\n"
           % (info["selected_isa"], info["max_threads"]))
