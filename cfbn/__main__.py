@@ -206,7 +206,7 @@ def main(argv=None):
     if not args.no_torch and importlib.util.find_spec("torch") is not None:
         try:
             import torch
-        except ImportError as exc:   # installed but broken: time cfbn alone
+        except (ImportError, OSError) as exc:   # installed but broken: time cfbn alone
             print("\nPyTorch left out: import torch failed (%s)" % exc)
         else:
             torch.set_num_threads(info["max_threads"])
