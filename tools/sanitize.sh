@@ -9,8 +9,9 @@
 # Not run under the sanitizers: tests/test_leaks.py (ASan's quarantine holds
 # freed memory back on purpose, so resident size is not flat), the opt-in
 # tests/test_large.py and tests/test_bn_math.py (it replays the CUDA formulas
-# through its own, uninstrumented build of bn_math.h).  Leak detection is off: CPython keeps its own
-# allocations until exit, which LeakSanitizer would report.
+# through its own, uninstrumented build of bn_math.h).  Leak detection is
+# off: CPython keeps its own allocations until exit, which LeakSanitizer
+# would report.
 #
 # Environment: PYTHON (default python), CC (default gcc), BUILD_DIR (default
 # build/sanitize), PYTEST_ARGS (extra pytest arguments, e.g. "-k forward").
