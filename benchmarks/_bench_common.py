@@ -20,6 +20,7 @@ import cfbn
 from cfbn import _cpuload
 
 CpuMeter = _cpuload.CpuMeter
+BUSY = _cpuload.BUSY
 
 #: The performance targets' shapes, as (N, H, W, C).
 SHAPES = [

@@ -744,9 +744,9 @@ def parse_args(argv):
     p.add_argument("--retries", type=int, default=2,
                    help="re-measure a cell up to this many times while other processes load "
                         "the CPUs (within 90 s in all, 30 s with --quick; default 2)")
-    p.add_argument("--busy", type=float, default=0.25,
+    p.add_argument("--busy", type=float, default=bc.BUSY,
                    help="foreign CPU load, in cores, that triggers a re-measurement "
-                        "(default 0.25)")
+                        "(default %(default)s)")
     p.add_argument("--no-large", action="store_true", help="skip the large-tensor section")
     p.add_argument("--no-overhead", action="store_true", help="skip the per-call overhead")
     p.add_argument("--no-torch", action="store_true", help="time cfbn only")

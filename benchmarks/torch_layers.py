@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 import cfbn.torch as ct
-from _bench_common import SHAPES, CpuMeter, cpu_model, interleaved
+from _bench_common import BUSY, SHAPES, CpuMeter, cpu_model, interleaved
 
 RESNET_112 = [(32, 64, 28, 28), (32, 128, 14, 14), (32, 256, 7, 7), (32, 512, 4, 4)]
 FORMS = ("BN", "BN+ReLU", "BN+add+ReLU")
@@ -153,7 +153,7 @@ def main(argv=None):
                     statistics.median(cs) * 1e6, statistics.median(ratios), err))
                 sys.stdout.flush()
     others = meter.others()
-    if others is not None and others > 0.25:
+    if others is not None and others > BUSY:
         print("\nwarning: other processes used %.1f CPUs meanwhile; the ratios are not reliable" % others)
     if worst > 1e-3:
         print("\nCHECK FAILED: a cfbn output or gradient differs from torch's by %.1e of its "

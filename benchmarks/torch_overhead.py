@@ -28,7 +28,7 @@ import torch.nn as nn
 
 import cfbn
 import cfbn.torch as ct
-from _bench_common import CpuMeter, cpu_model, interleaved
+from _bench_common import BUSY, CpuMeter, cpu_model, interleaved
 
 
 def calls(shape):
@@ -102,7 +102,7 @@ def main(argv=None):
           % ((best["cfbn.torch"] - best["floor"] - best["raw"]) * 1e6))
     print("| operator - floor - raw | %.1f |"
           % ((best["operator"] - best["floor"] - best["raw"]) * 1e6))
-    if others is not None and others > 0.25:
+    if others is not None and others > BUSY:
         print("\nwarning: other processes used %.1f CPUs meanwhile" % others)
     return 0
 

@@ -232,7 +232,7 @@ def main(argv=None):
     if torch is not None:
         print("\nPyTorch has no second-order batch-norm operator to time by itself: its double "
               "backward runs through autograd.")
-    if others is not None and others > 0.25:
+    if others is not None and others > _cpuload.BUSY:
         print("\nwarning: other processes used %.1f of this machine's CPUs while these were "
               "timed; the times and speed-ups are not reliable" % others)
     return 0

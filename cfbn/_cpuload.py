@@ -2,6 +2,9 @@
 import os
 import time
 
+#: Other processes' load, in cores, above which timings are reported as unreliable.
+BUSY = 0.25
+
 
 class CpuMeter:
     """CPU time other processes used while a measurement ran, in cores

@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -60,18 +61,11 @@ def test_self_check_fails_on_a_wrong_gradient(monkeypatch, capsys):
     assert "x_backprop" in out
 
 
-class _Meter:
-    load = 0.0
-
-    def others(self):
-        return self.load
-
-
 def _table(monkeypatch, capsys, load, *args):
     monkeypatch.setattr(main_mod, "BENCH_SHAPES", [(2, 3, 4, 5)])
     monkeypatch.setattr(main_mod, "_time", lambda fn, **kw: (fn(), 1e-5)[1])
-    meter = type("Meter", (_Meter,), {"load": load})
-    monkeypatch.setattr(main_mod._cpuload, "CpuMeter", meter)
+    monkeypatch.setattr(main_mod._cpuload, "CpuMeter",
+                        lambda: types.SimpleNamespace(others=lambda: load))
     assert main_mod.main(list(args)) == 0
     return capsys.readouterr().out
 
