@@ -368,14 +368,24 @@ static void call(const cfbn_kernels *k, int kind, const tcase *t, const void *x,
 }
 
 /* The optional entries a table fills: which of them the scenarios reach. */
+/* How many streaming entries dtype d of table k fills (of 4). */
+static int stream_entries(const cfbn_kernels *k, int d)
+{
+    if (d == CFBN_F64) {
+        const cfbn_double_kernels *o = &k->f64;
+        return !!o->apply_run_stream + !!o->apply_rows_stream + !!o->gapply_run_stream + !!o->gapply_rows_stream;
+    }
+    const cfbn_float_kernels *o = cfbn_route_float_table(k, d);
+    return !!o->apply_run_stream + !!o->apply_rows_stream + !!o->gapply_run_stream + !!o->gapply_rows_stream;
+}
+
 static void print_entries(const cfbn_kernels *k)
 {
     for (int d = 0; d < N_DTYPES; d++) {
-        int runs, stream, fused, gg;
+        int runs, fused, gg;
         if (d == CFBN_F64) {
             const cfbn_double_kernels *o = &k->f64;
             runs = !!o->apply_runs + !!o->gstats_runs + !!o->gapply_runs;
-            stream = !!o->apply_run_stream + !!o->apply_rows_stream + !!o->gapply_run_stream + !!o->gapply_rows_stream;
             fused = !!o->apply_run_fused + !!o->apply_rows_fused + !!o->gstats_run_fused + !!o->gstats_rows_fused +
                     !!o->gapply_run_fused + !!o->gapply_rows_fused;
             gg = !!o->ggstats_run + !!o->ggstats_rows + !!o->ggapply_run + !!o->ggapply_rows + !!o->ggstats_runs +
@@ -383,14 +393,13 @@ static void print_entries(const cfbn_kernels *k)
         } else {
             const cfbn_float_kernels *o = cfbn_route_float_table(k, d);
             runs = !!o->apply_runs + !!o->gstats_runs + !!o->gapply_runs;
-            stream = !!o->apply_run_stream + !!o->apply_rows_stream + !!o->gapply_run_stream + !!o->gapply_rows_stream;
             fused = !!o->apply_run_fused + !!o->apply_rows_fused + !!o->gstats_run_fused + !!o->gstats_rows_fused +
                     !!o->gapply_run_fused + !!o->gapply_rows_fused;
             gg = !!o->ggstats_run + !!o->ggstats_rows + !!o->ggapply_run + !!o->ggapply_rows + !!o->ggstats_runs +
                  !!o->ggapply_runs;
         }
         printf("%s %s: optional entries runs %d/3, stream %d/4, fused %d/6, second order %d/6\n", k->name, dname[d],
-               runs, stream, fused, gg);
+               runs, stream_entries(k, d), fused, gg);
     }
 }
 
@@ -698,13 +707,8 @@ static void check_narrowing(const cfbn_kernels *k)
  * with the hint asked for: for the others the repeat ran the same code. */
 static int has_stream_entries(const cfbn_kernels *k)
 {
-    const cfbn_double_kernels *o = &k->f64;
-    if (o->apply_run_stream || o->apply_rows_stream || o->gapply_run_stream || o->gapply_rows_stream) return 1;
-    for (int d = 0; d < N_DTYPES; d++) {
-        if (d == CFBN_F64) continue;
-        const cfbn_float_kernels *f = cfbn_route_float_table(k, d);
-        if (f->apply_run_stream || f->apply_rows_stream || f->gapply_run_stream || f->gapply_rows_stream) return 1;
-    }
+    for (int d = 0; d < N_DTYPES; d++)
+        if (stream_entries(k, d)) return 1;
     return 0;
 }
 
