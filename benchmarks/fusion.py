@@ -3,6 +3,7 @@
 
     python benchmarks/fusion.py                      # 1 and 2 threads
     python benchmarks/fusion.py --threads 2 --repeat 9
+    python benchmarks/fusion.py --shapes 32x7x7x512 --layouts NCHW
 
 For the shapes (32,56,56,64) (32,28,28,128) (32,14,14,256) (8,32,32,32), as
 NHWC and as NCHW (the same sizes, channels first), float32, it times the
@@ -60,6 +61,17 @@ def target(op, label):
         with_side, plain = TRAFFIC[op]
         return 1.10 * with_side / plain
     return 1.10 if act in ("relu", "relu6", "leaky_relu") else 1.3
+
+
+def parse_shape(text):
+    """'32x7x7x512' -> (32, 7, 7, 512)"""
+    try:
+        shape = tuple(int(v) for v in text.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if len(shape) != 4 or min(shape) < 1:
+        raise argparse.ArgumentTypeError("expected four positive sizes NxHxWxC, got %r" % text)
+    return shape
 
 
 def ratio(plain, fused, repeats, min_batch):
@@ -121,6 +133,9 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=7, help="repeats per cell (default 7)")
     ap.add_argument("--min-batch-ms", type=float, default=15.0,
                     help="least duration of one timed batch (default 15)")
+    ap.add_argument("--shapes", nargs="+", type=parse_shape, default=SHAPES, metavar="NxHxWxC",
+                    help="shapes, as NHWC sizes (default: the four above)")
+    ap.add_argument("--layouts", nargs="+", choices=bc.LAYOUTS, default=list(bc.LAYOUTS))
     args = ap.parse_args(argv)
     min_batch = args.min_batch_ms / 1e3
 
@@ -139,8 +154,8 @@ def main(argv=None):
     held = total = 0
     worst = {}
     meter = bc.CpuMeter()
-    for shape in SHAPES:
-        for layout in bc.LAYOUTS:
+    for shape in args.shapes:
+        for layout in args.layouts:
             d = bc.make_inputs(shape, layout)
             side = np.random.default_rng(1).standard_normal(d["x"].shape, dtype=np.float32)
             for threads in args.threads:
