@@ -1326,12 +1326,43 @@ INLINE void fapply_rows_w_ps(const void *x, const void *side, void *y, int64_t r
     }
 }
 
+/* One run's broadcast parameters of a fused forward kernel: mhi, mlo,
+ * alpha, beta, twice (even and odd 8-blocks) */
+INLINE void fapply_params_ps(const cfbn_apply_f32 *p, __m256 *q)
+{
+    q[0] = q[4] = _mm256_set1_ps(p->mhi[0]);
+    q[1] = q[5] = _mm256_set1_ps(p->mlo[0]);
+    q[2] = q[6] = _mm256_set1_ps(p->alpha[0]);
+    q[3] = q[7] = _mm256_set1_ps(p->beta[0]);
+}
+
+/* One run's broadcast parameters of a fused gradient kernel: mhi, mlo, ya,
+ * yb (0 without an activation, which never reads them), then with dx also
+ * a, b, c; the set twice, for even and odd 8-blocks (q: 8 or 14 vectors). */
+INLINE void fgrad_params_ps(const cfbn_grad_f32 *p, int dx, __m256 *q)
+{
+    const int w = dx ? 7 : 4;
+    q[0] = _mm256_set1_ps(p->mhi[0]);
+    q[1] = _mm256_set1_ps(p->mlo[0]);
+    q[2] = q[3] = _mm256_setzero_ps();
+    if (p->act != CFBN_ACT_NONE) {
+        q[2] = _mm256_set1_ps(p->ya[0]);
+        q[3] = _mm256_set1_ps(p->yb[0]);
+    }
+    if (dx) {
+        q[4] = _mm256_set1_ps(p->a[0]);
+        q[5] = _mm256_set1_ps(p->b[0]);
+        q[6] = _mm256_set1_ps(p->c[0]);
+    }
+    for (int i = 0; i < w; i++) q[w + i] = q[i];
+}
+
 INLINE void fapply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
 {
     const int nt = fused_nt(p->stream, dt, y, y, 0);
-    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
-    __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]), al = _mm256_set1_ps(p->act_alpha);
-    const __m256 q[8] = {m, l, a, b, m, l, a, b};
+    const __m256 al = _mm256_set1_ps(p->act_alpha);
+    __m256 q[8];
+    fapply_params_ps(p, q);
     const void *side = p->side;
 #define FAPPLY_RUN(k)                                                   \
     if (side) fapply_flat_ps(x, side, y, n, q, k, 1, al, dt, nt);     \
@@ -1548,8 +1579,8 @@ INLINE void fgstats_rows8_ps(const void *dy, const void *x, const void *side, in
 
 /* a run: 128-element stretches summed as gstats_flat_ps's tree, the rest by
  * fgstats_flat_ps's double steps */
-INLINE void fgstats_tree_ps(const void *dy, const void *x, const void *side, int64_t n, const __m256 *q, int kind,
-                            int hs, __m256 al, int dt, double *acc)
+INLINE void fgstats_tree_vec(const void *dy, const void *x, const void *side, int64_t n, const __m256 *q, int kind,
+                             int hs, __m256 al, int dt, __m256d *v1, __m256d *v2)
 {
     const __m256 z = _mm256_setzero_ps();
     acc8 a = acc8_zero(), b = acc8_zero(), e, o;
@@ -1568,21 +1599,26 @@ INLINE void fgstats_tree_ps(const void *dy, const void *x, const void *side, int
     }
     fgstats_flat_ps((const char *)dy + (size_t)i * (dt ? 2 : 4), (const char *)x + (size_t)i * (dt ? 2 : 4),
                     hs ? (const char *)side + (size_t)i * (dt ? 2 : 4) : NULL, n - i, q, kind, hs, al, dt, &e, &o);
-    acc[0] = hsum_pd(_mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)),
-                                   _mm256_add_pd(_mm256_add_pd(e.s1lo, e.s1hi), _mm256_add_pd(o.s1lo, o.s1hi))));
-    acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)),
-                                   _mm256_add_pd(_mm256_add_pd(e.s2lo, e.s2hi), _mm256_add_pd(o.s2lo, o.s2hi))));
+    *v1 = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)),
+                        _mm256_add_pd(_mm256_add_pd(e.s1lo, e.s1hi), _mm256_add_pd(o.s1lo, o.s1hi)));
+    *v2 = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)),
+                        _mm256_add_pd(_mm256_add_pd(e.s2lo, e.s2hi), _mm256_add_pd(o.s2lo, o.s2hi)));
+}
+
+INLINE void fgstats_tree_ps(const void *dy, const void *x, const void *side, int64_t n, const __m256 *q, int kind,
+                            int hs, __m256 al, int dt, double *acc)
+{
+    __m256d v1, v2;
+    fgstats_tree_vec(dy, x, side, n, q, kind, hs, al, dt, &v1, &v2);
+    acc[0] = hsum_pd(v1);
+    acc[1] = hsum_pd(v2);
 }
 
 INLINE void fgstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int dt)
 {
-    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]), al = _mm256_set1_ps(p->act_alpha);
-    __m256 a = _mm256_setzero_ps(), b = a;
-    if (p->act != CFBN_ACT_NONE) {
-        a = _mm256_set1_ps(p->ya[0]);
-        b = _mm256_set1_ps(p->yb[0]);
-    }
-    const __m256 q[8] = {m, l, a, b, m, l, a, b};
+    const __m256 al = _mm256_set1_ps(p->act_alpha);
+    __m256 q[8];
+    fgrad_params_ps(p, 0, q);
     const void *side = p->side;
 #define FGSTATS_RUN(k)                                                          \
     if (side) fgstats_tree_ps(dy, x, side, n, q, k, 1, al, dt, acc);           \
@@ -1704,14 +1740,9 @@ INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, v
 INLINE void fgapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
     const int nt = fused_nt(p->stream, dt, dx, p->side_grad ? p->side_grad : dx, 0);
-    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]), al = _mm256_set1_ps(p->act_alpha);
-    __m256 ya = _mm256_setzero_ps(), yb = ya;
-    if (p->act != CFBN_ACT_NONE) {
-        ya = _mm256_set1_ps(p->ya[0]);
-        yb = _mm256_set1_ps(p->yb[0]);
-    }
-    __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
-    const __m256 q[14] = {m, l, ya, yb, a, b, c, m, l, ya, yb, a, b, c};
+    const __m256 al = _mm256_set1_ps(p->act_alpha);
+    __m256 q[14];
+    fgrad_params_ps(p, 1, q);
     const void *side = p->side;
     void *sg = p->side_grad;
 #define FGAPPLY_RUN(k)                                                          \
@@ -1776,6 +1807,7 @@ INLINE void apply_runs_ps(const void *x, void *y, int64_t n, const cfbn_apply_f3
     const __m256 q[8] = {m, l, a, b, m, l, a, b};
     for (int64_t k = 0; k < p->runs; k++) {
         prefetch_next_run(elem_at(x, k * p->stride, dt), n * (dt ? 2 : 4));
+        if (k + 1 < p->runs) prefetch_run_out(elem_at(y, (k + 1) * p->stride, dt), n * (dt ? 2 : 4));
         apply_flat_ps(elem_at(x, k * p->stride, dt), (void *)elem_at(y, k * p->stride, dt), n, q, dt);
     }
 }
@@ -1844,9 +1876,154 @@ INLINE void gapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, c
     for (int64_t k = 0; k < p->runs; k++) {
         prefetch_next_run(elem_at(dy, k * p->stride, dt), n * (dt ? 2 : 4));
         prefetch_next_run(elem_at(x, k * p->stride, dt), n * (dt ? 2 : 4));
+        if (k + 1 < p->runs) prefetch_run_out(elem_at(dx, (k + 1) * p->stride, dt), n * (dt ? 2 : 4));
         gapply_flat_ps(elem_at(dy, k * p->stride, dt), elem_at(x, k * p->stride, dt),
                        (void *)elem_at(dx, k * p->stride, dt), n, q, dt);
     }
+}
+
+/* Fused runs (cfbn.h: *_runs_fused): as the plain runs kernels, with the
+ * activation chosen and the parameters broadcast once per call rather than
+ * once per run, and regular stores.  The gradient sums of short runs go 8
+ * runs at a time as gstats_runs_ps's, longer ones run by run as
+ * fgstats_tree_ps sums, all added up in vector registers. */
+INLINE void fapply_runs_k(const void *x, const void *side, void *y, int64_t n, int64_t runs, int64_t st,
+                          const __m256 *q, int kind, int hs, __m256 al, int dt)
+{
+    for (int64_t k = 0; k < runs; k++) {
+        prefetch_next_run(elem_at(x, k * st, dt), n * (dt ? 2 : 4));
+        if (hs) prefetch_next_run(elem_at(side, k * st, dt), n * (dt ? 2 : 4));
+        if (k + 1 < runs) prefetch_run_out(elem_at(y, (k + 1) * st, dt), n * (dt ? 2 : 4));
+        fapply_flat_ps(elem_at(x, k * st, dt), hs ? elem_at(side, k * st, dt) : NULL,
+                       (void *)elem_at(y, k * st, dt), n, q, kind, hs, al, dt, 0);
+    }
+}
+
+INLINE void fapply_runs_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
+{
+    const __m256 al = _mm256_set1_ps(p->act_alpha);
+    __m256 q[8];
+    fapply_params_ps(p, q);
+    const void *side = p->side;
+#define FAPPLY_RUNS(k)                                                              \
+    if (side) fapply_runs_k(x, side, y, n, p->runs, p->stride, q, k, 1, al, dt);  \
+    else fapply_runs_k(x, NULL, y, n, p->runs, p->stride, q, k, 0, al, dt)
+    CFBN_ACT_SPECIALIZE(p->act, FAPPLY_RUNS)
+#undef FAPPLY_RUNS
+}
+
+/* The fused gradient sums of runs, every product and sum in double (for
+ * sums whose float blocks left float's range, needs_double) */
+COLD void fgstats_runs_pd(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int dt)
+{
+    cfbn_grad_f32 q = *p;
+    double s1 = 0.0, s2 = 0.0;
+    for (int64_t k = 0; k < p->runs; k++) {
+        double a, b;
+        q.side = p->side ? elem_at(p->side, k * p->stride, dt) : NULL;
+        fgstats_column_pd(elem_at(dy, k * p->stride, dt), elem_at(x, k * p->stride, dt), n, 1, 0, &q, 0, &a, &b,
+                          dt);
+        s1 += a;
+        s2 += b;
+    }
+    acc[0] = s1;
+    acc[1] = s2;
+}
+
+INLINE void fgstats_runs_k(const void *dy, const void *x, const void *side, int64_t n, int64_t runs, int64_t st,
+                           const __m256 *q, int kind, int hs, __m256 al, int dt, double *acc)
+{
+    const __m256 z = _mm256_setzero_ps();
+    __m256d s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd();
+    int64_t k = 0;
+    if (n <= SHORT_RUN && (st * (dt ? 2 : 4)) % 4096 != 0) {
+        const int64_t full = n & ~(int64_t)7, cnt = n - full;
+        const __m256i mk = mask_ps(cnt);
+        const __m256 tm = and_ps(q[0], mk), tl = and_ps(q[1], mk);
+        for (; k + 8 <= runs; k += 8) {
+            acc8 a = acc8_zero();
+            __m256 g[8], d[8];
+            for (int64_t i = 0; i < full; i += 8) {
+                for (int r = 0; r < 8; r++) {
+                    const int64_t e = (k + r) * st + i;
+                    __m256 x0 = ld8(x, e, dt), s0 = hs ? ld8(side, e, dt) : z;
+                    g[r] = fused_g_ps(ld8(dy, e, dt), x0, s0, q, kind, hs, al);
+                    d[r] = _mm256_sub_ps(x0, q[0]);
+                }
+                gstats_tree_step(&a, g, d, q[1]);
+            }
+            if (cnt) {
+                /* dead lanes: g masked to 0 and d = 0 - 0 */
+                for (int r = 0; r < 8; r++) {
+                    const int64_t e = (k + r) * st + full;
+                    __m256 x0 = ld_part(x, e, cnt, cnt, dt), s0 = hs ? ld_part(side, e, cnt, cnt, dt) : z;
+                    g[r] = and_ps(fused_g_ps(ld_part(dy, e, cnt, cnt, dt), x0, s0, q, kind, hs, al), mk);
+                    d[r] = _mm256_sub_ps(x0, tm);
+                }
+                gstats_tree_step(&a, g, d, tl);
+            }
+            s1 = _mm256_add_pd(s1, _mm256_add_pd(a.s1lo, a.s1hi));
+            s2 = _mm256_add_pd(s2, _mm256_add_pd(a.s2lo, a.s2hi));
+        }
+    }
+    for (; k < runs; k++) {
+        __m256d v1, v2;
+        prefetch_next_run(elem_at(dy, k * st, dt), n * (dt ? 2 : 4));
+        prefetch_next_run(elem_at(x, k * st, dt), n * (dt ? 2 : 4));
+        if (hs) prefetch_next_run(elem_at(side, k * st, dt), n * (dt ? 2 : 4));
+        fgstats_tree_vec(elem_at(dy, k * st, dt), elem_at(x, k * st, dt), hs ? elem_at(side, k * st, dt) : NULL,
+                         n, q, kind, hs, al, dt, &v1, &v2);
+        s1 = _mm256_add_pd(s1, v1);
+        s2 = _mm256_add_pd(s2, v2);
+    }
+    acc[0] = hsum_pd(s1);
+    acc[1] = hsum_pd(s2);
+}
+
+INLINE void fgstats_runs_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int dt)
+{
+    const __m256 al = _mm256_set1_ps(p->act_alpha);
+    __m256 q[8];
+    fgrad_params_ps(p, 0, q);
+    const void *side = p->side;
+#define FGSTATS_RUNS(k)                                                                      \
+    if (side) fgstats_runs_k(dy, x, side, n, p->runs, p->stride, q, k, 1, al, dt, acc);    \
+    else fgstats_runs_k(dy, x, NULL, n, p->runs, p->stride, q, k, 0, al, dt, acc)
+    CFBN_ACT_SPECIALIZE(p->act, FGSTATS_RUNS)
+#undef FGSTATS_RUNS
+    /* checked once, on the totals, as gstats_runs_ps does */
+    if (run_needs_double(acc, n * p->runs, p)) fgstats_runs_pd(dy, x, n, p, acc, dt);
+}
+
+INLINE void fgapply_runs_k(const void *dy, const void *x, const void *side, void *dx, void *sg, int64_t n,
+                           int64_t runs, int64_t st, const __m256 *q, int kind, int hs, __m256 al, int dt)
+{
+    for (int64_t k = 0; k < runs; k++) {
+        prefetch_next_run(elem_at(dy, k * st, dt), n * (dt ? 2 : 4));
+        prefetch_next_run(elem_at(x, k * st, dt), n * (dt ? 2 : 4));
+        if (hs) prefetch_next_run(elem_at(side, k * st, dt), n * (dt ? 2 : 4));
+        if (k + 1 < runs) {
+            prefetch_run_out(elem_at(dx, (k + 1) * st, dt), n * (dt ? 2 : 4));
+            if (sg) prefetch_run_out(elem_at(sg, (k + 1) * st, dt), n * (dt ? 2 : 4));
+        }
+        fgapply_flat_ps(elem_at(dy, k * st, dt), elem_at(x, k * st, dt), hs ? elem_at(side, k * st, dt) : NULL,
+                        (void *)elem_at(dx, k * st, dt), sg ? (void *)elem_at(sg, k * st, dt) : NULL, n, q, kind,
+                        hs, al, dt, 0);
+    }
+}
+
+INLINE void fgapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
+{
+    const __m256 al = _mm256_set1_ps(p->act_alpha);
+    __m256 q[14];
+    fgrad_params_ps(p, 1, q);
+    const void *side = p->side;
+    void *sg = p->side_grad;
+#define FGAPPLY_RUNS(k)                                                                      \
+    if (side) fgapply_runs_k(dy, x, side, dx, sg, n, p->runs, p->stride, q, k, 1, al, dt);  \
+    else fgapply_runs_k(dy, x, NULL, dx, sg, n, p->runs, p->stride, q, k, 0, al, dt)
+    CFBN_ACT_SPECIALIZE(p->act, FGAPPLY_RUNS)
+#undef FGAPPLY_RUNS
 }
 
 /* The runs and streaming entries of a storage type, like bn_entries.h's. */
@@ -1863,6 +2040,20 @@ INLINE void gapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, c
     static void gapply_runs_##sfx(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p) \
     {                                                                                                         \
         gapply_runs_ps(dy, x, dx, n, p, DT);                                                                  \
+    }                                                                                                         \
+    static void apply_runs_fused_##sfx(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)            \
+    {                                                                                                         \
+        fapply_runs_ps(x, y, n, p, DT);                                                                       \
+    }                                                                                                         \
+    static void gstats_runs_fused_##sfx(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p,     \
+                                        double *acc)                                                          \
+    {                                                                                                         \
+        fgstats_runs_ps(dy, x, n, p, acc, DT);                                                                \
+    }                                                                                                         \
+    static void gapply_runs_fused_##sfx(const void *dy, const void *x, void *dx, int64_t n,                   \
+                                        const cfbn_grad_f32 *p)                                               \
+    {                                                                                                         \
+        fgapply_runs_ps(dy, x, dx, n, p, DT);                                                                 \
     }                                                                                                         \
     static void apply_run_nt_##sfx(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)               \
     {                                                                                                         \
@@ -1884,6 +2075,8 @@ INLINE void gapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, c
     }
 #define EXTRA_TABLE(sfx)                                                                                      \
     .apply_runs = apply_runs_##sfx, .gstats_runs = gstats_runs_##sfx, .gapply_runs = gapply_runs_##sfx,       \
+    .apply_runs_fused = apply_runs_fused_##sfx, .gstats_runs_fused = gstats_runs_fused_##sfx,                 \
+    .gapply_runs_fused = gapply_runs_fused_##sfx,                                                             \
     .apply_run_stream = apply_run_nt_##sfx, .apply_rows_stream = apply_rows_nt_##sfx,                         \
     .gapply_run_stream = gapply_run_nt_##sfx, .gapply_rows_stream = gapply_rows_nt_##sfx
 

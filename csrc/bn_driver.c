@@ -1042,7 +1042,8 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
     const void *side = fusion ? fusion->side : NULL;
     pass gs = { k, &p, &pp, PASS_GSTATS, dy, x, NULL, side, NULL, NULL, NULL };
     pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx, side, fusion ? fusion->side_grad : NULL, NULL, NULL };
-    if (dx && a->training && per_channel(&p, 2, fusion && fusion->side)) {
+    /* (a side input does not send the gradient pass by pass, bn_route.c) */
+    if (dx && a->training && per_channel(&p, 2, 0)) {
         /* One task per channel: sums, then dx while dy and x are in cache. */
         fused_bwd ctx = { &gs, &ga, a, &pp };
         parallel_for(nt, p.C, fused_backward_task, &ctx);

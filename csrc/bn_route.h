@@ -67,7 +67,8 @@ int cfbn_route_flat(int64_t S);
 /* Channels-first training passes: one task per channel, its sums then its
  * output.  pieces: pieces per channel; planes: cfbn_route_plane_order's
  * answer; slice: bytes of one channel in all tensors read; C channels;
- * side: a fused side input is read too. */
+ * side: a forward pass reads a fused side input too (the gradient passes
+ * 0: bn_route.c). */
 int cfbn_route_per_channel(int64_t pieces, int planes, int64_t slice, int64_t C, int side);
 
 #endif

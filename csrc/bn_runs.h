@@ -19,4 +19,15 @@ static inline void prefetch_next_run(const void *run, int64_t bytes)
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(q + b, 0, 2);
 }
 
+/* The outputs of a run kernel's next run, which the hardware does not see
+ * coming either: asked for with intent to write (into L1), whole lines
+ * covering [run, run + bytes), so that the stores do not wait for their
+ * lines.  Runs longer than NEXT_RUN_PREFETCH_MAX bytes are left alone. */
+static inline void prefetch_run_out(const void *run, int64_t bytes)
+{
+    if (bytes > NEXT_RUN_PREFETCH_MAX) return;
+    const char *q = (const char *)((uintptr_t)run & ~(uintptr_t)63), *end = (const char *)run + bytes;
+    for (; q < end; q += 64) __builtin_prefetch(q, 1, 3);
+}
+
 #endif

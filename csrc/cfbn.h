@@ -157,6 +157,9 @@ typedef struct {
  *   *_fused     one run or rows with the activation and side input of the
  *               parameter structs, in one pass (the fallback is two passes
  *               over L1-sized blocks)
+ *   *_runs_fused  p->runs > 1 runs as *_runs, with the activation and side
+ *               input as *_fused, regular stores (the fallback: one *_fused
+ *               call per run)
  *   gg*         the second-order gradient (cfbn_gg_*): ggstats_run writes
  *               its five sums to acc[0..5), ggstats_rows sum k of column j
  *               to acc[k * w + j]; ggapply writes ddy and dx.  One run per
@@ -235,6 +238,9 @@ typedef struct {
     cfbn_gstats_rows_f32_fn gstats_rows_fused;
     cfbn_gapply_run_f32_fn gapply_run_fused;
     cfbn_gapply_rows_f32_fn gapply_rows_fused;
+    cfbn_apply_run_f32_fn apply_runs_fused;
+    cfbn_gstats_run_f32_fn gstats_runs_fused;
+    cfbn_gapply_run_f32_fn gapply_runs_fused;
     cfbn_ggstats_run_f32_fn ggstats_run;
     cfbn_ggstats_rows_f32_fn ggstats_rows;
     cfbn_ggapply_run_f32_fn ggapply_run;
@@ -267,6 +273,9 @@ typedef struct {
     cfbn_gstats_rows_f64_fn gstats_rows_fused;
     cfbn_gapply_run_f64_fn gapply_run_fused;
     cfbn_gapply_rows_f64_fn gapply_rows_fused;
+    cfbn_apply_run_f64_fn apply_runs_fused;
+    cfbn_gstats_run_f64_fn gstats_runs_fused;
+    cfbn_gapply_run_f64_fn gapply_runs_fused;
     cfbn_ggstats_run_f64_fn ggstats_run;
     cfbn_ggstats_rows_f64_fn ggstats_rows;
     cfbn_ggapply_run_f64_fn ggapply_run;

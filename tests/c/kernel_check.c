@@ -387,18 +387,20 @@ static void print_entries(const cfbn_kernels *k)
             const cfbn_double_kernels *o = &k->f64;
             runs = !!o->apply_runs + !!o->gstats_runs + !!o->gapply_runs;
             fused = !!o->apply_run_fused + !!o->apply_rows_fused + !!o->gstats_run_fused + !!o->gstats_rows_fused +
-                    !!o->gapply_run_fused + !!o->gapply_rows_fused;
+                    !!o->gapply_run_fused + !!o->gapply_rows_fused + !!o->apply_runs_fused +
+                    !!o->gstats_runs_fused + !!o->gapply_runs_fused;
             gg = !!o->ggstats_run + !!o->ggstats_rows + !!o->ggapply_run + !!o->ggapply_rows + !!o->ggstats_runs +
                  !!o->ggapply_runs;
         } else {
             const cfbn_float_kernels *o = cfbn_route_float_table(k, d);
             runs = !!o->apply_runs + !!o->gstats_runs + !!o->gapply_runs;
             fused = !!o->apply_run_fused + !!o->apply_rows_fused + !!o->gstats_run_fused + !!o->gstats_rows_fused +
-                    !!o->gapply_run_fused + !!o->gapply_rows_fused;
+                    !!o->gapply_run_fused + !!o->gapply_rows_fused + !!o->apply_runs_fused +
+                    !!o->gstats_runs_fused + !!o->gapply_runs_fused;
             gg = !!o->ggstats_run + !!o->ggstats_rows + !!o->ggapply_run + !!o->ggapply_rows + !!o->ggstats_runs +
                  !!o->ggapply_runs;
         }
-        printf("%s %s: optional entries runs %d/3, stream %d/4, fused %d/6, second order %d/6\n", k->name, dname[d],
+        printf("%s %s: optional entries runs %d/3, stream %d/4, fused %d/9, second order %d/6\n", k->name, dname[d],
                runs, stream_entries(k, d), fused, gg);
     }
 }
@@ -551,6 +553,52 @@ static void fused_elem(const tcase *t, int64_t i, double *pre, double *dpre, dou
     if (near_kink(g_act, *pre, 2.0 * *dpre)) *der_tol += fmax(1.0, fabs(g_alpha)) + 1.0;
 }
 
+/* Adds element i's share of the bounds of column j's fused gradient sums to
+ * b: b[0], b[1] the magnitudes of the two sums' terms, b[2], b[3] what the
+ * activation's derivative may contribute. */
+static void fused_sum_bounds(const tcase *t, int64_t i, int64_t j, double *b)
+{
+    int dt = t->dt;
+    double pre, dpre, der_tol;
+    fused_elem(t, i, &pre, &dpre, &der_tol);
+    double gv = get(dt, t->dy, i);
+    double d = centered(dt, get(dt, t->x, i), pget(t, t->mhi, j), pget(t, t->mlo, j));
+    double gg = gv * cfbn_act_grad_f64(g_act, pre, g_alpha);
+    b[0] += fabs(gg);
+    b[1] += fabs(gg * d);
+    b[2] += fabs(gv) * der_tol;
+    b[3] += fabs(gv * d) * der_tol;
+}
+
+/* The bound of sum s (0 or 1) from fused_sum_bounds' b */
+static double fused_sum_tol(int dt, const double *b, int s)
+{
+    double eps = dt == CFBN_F64 ? DBL_EPSILON : FLT_EPSILON;
+    return 2e-12 * b[s] + 4.0 * eps * b[s] + b[2 + s] + 1e-300;
+}
+
+/* The bound of fused output element i of column j against the reference's
+ * value want, and (gradients) of its side_grad against sw in *stol */
+static double fused_out_tol(const tcase *t, int kind, int64_t i, int64_t j, double want, double sw, double *stol)
+{
+    int dt = t->dt;
+    double eps = dt == CFBN_F64 ? DBL_EPSILON : FLT_EPSILON;
+    double pre, dpre, der_tol, tol;
+    fused_elem(t, i, &pre, &dpre, &der_tol);
+    if (kind == K_APPLY) {
+        tol = act_lip(g_act) * dpre + 8.0 * eps * fmax(1.0, fabs(cfbn_act_f64(g_act, pre, g_alpha)));
+    } else {
+        double gv = get(dt, t->dy, i);
+        double gg = gv * cfbn_act_grad_f64(g_act, pre, g_alpha);
+        double d = centered(dt, get(dt, t->x, i), pget(t, t->mhi, j), pget(t, t->mlo, j));
+        double a = pget(t, t->pa, j);
+        tol = 2.0 * eps * (fabs(gg * a) + fabs(d * pget(t, t->pb, j)) + fabs(pget(t, t->pc, j)))
+              + fabs(gv * a) * der_tol;
+        *stol = fabs(gv) * der_tol + 2.0 * eps * fabs(gg) + 1e-300 + storage_ulp(dt, sw);
+    }
+    return tol + 1e-300 + storage_ulp(dt, want);
+}
+
 /* inplace: 0 separate outputs;
  *          1 the output is x (apply) or dy (gradients), side_grad is x;
  *          2 the output is side (apply) or x (gapply), side_grad is dy.
@@ -564,7 +612,6 @@ static int check_fused(const cfbn_kernels *k, int kind, const tcase *t, int scen
     int64_t np = t->rows_kind ? t->w : 1;
     size_t cnt = is_stats ? (size_t)(2 * np) : (size_t)t->n;
     size_t es = is_stats ? 8 : esize[dt];
-    double eps = dt == CFBN_F64 ? DBL_EPSILON : FLT_EPSILON;
     outbuf ref, got, sref, sgot;
     out_init(&ref, cnt, es);
     out_init(&got, cnt, es);
@@ -605,22 +652,10 @@ static int check_fused(const cfbn_kernels *k, int kind, const tcase *t, int scen
     if (is_stats) {
         const double *r = (const double *)ref.p, *g = (const double *)got.p;
         for (int64_t j = 0; j < np && ok; j++) {
-            double m1 = 0.0, m2 = 0.0, e1 = 0.0, e2 = 0.0;
+            double b[4] = {0.0, 0.0, 0.0, 0.0};
             int64_t nr = t->rows_kind ? t->rows : t->n, step = t->rows_kind ? t->w : 1;
-            for (int64_t q = 0; q < nr; q++) {
-                int64_t i = j + q * step;
-                double pre, dpre, dt_;
-                fused_elem(t, i, &pre, &dpre, &dt_);
-                double gv = get(dt, t->dy, i);
-                double d = centered(dt, get(dt, t->x, i), pget(t, t->mhi, j), pget(t, t->mlo, j));
-                double gg = gv * cfbn_act_grad_f64(g_act, pre, g_alpha);
-                m1 += fabs(gg);
-                m2 += fabs(gg * d);
-                e1 += fabs(gv) * dt_;
-                e2 += fabs(gv * d) * dt_;
-            }
-            double tol1 = 2e-12 * m1 + 4.0 * eps * m1 + e1 + 1e-300;
-            double tol2 = 2e-12 * m2 + 4.0 * eps * m2 + e2 + 1e-300;
+            for (int64_t q = 0; q < nr; q++) fused_sum_bounds(t, j + q * step, j, b);
+            double tol1 = fused_sum_tol(dt, b, 0), tol2 = fused_sum_tol(dt, b, 1);
             if (!(fabs(g[j] - r[j]) <= tol1)) ok = report(k, kind, t, scenario, what, j, g[j], r[j], tol1);
             else if (!(fabs(g[np + j] - r[np + j]) <= tol2))
                 ok = report(k, kind, t, scenario, what, np + j, g[np + j], r[np + j], tol2);
@@ -628,28 +663,87 @@ static int check_fused(const cfbn_kernels *k, int kind, const tcase *t, int scen
     } else {
         for (int64_t i = 0; i < t->n && ok; i++) {
             int64_t j = t->rows_kind ? i % t->w : 0;
-            double pre, dpre, der_tol;
-            fused_elem(t, i, &pre, &dpre, &der_tol);
-            double want = get(dt, ref.p, i), have = get(dt, got.p, i), tol;
-            if (kind == K_APPLY) {
-                tol = act_lip(g_act) * dpre + 8.0 * eps * fmax(1.0, fabs(cfbn_act_f64(g_act, pre, g_alpha)));
-            } else {
-                double gv = get(dt, t->dy, i);
-                double gg = gv * cfbn_act_grad_f64(g_act, pre, g_alpha);
-                double d = centered(dt, get(dt, t->x, i), pget(t, t->mhi, j), pget(t, t->mlo, j));
-                double a = pget(t, t->pa, j);
-                tol = 2.0 * eps * (fabs(gg * a) + fabs(d * pget(t, t->pb, j)) + fabs(pget(t, t->pc, j)))
-                      + fabs(gv * a) * der_tol;
-                if (with_sg) {
-                    double sw = get(dt, sref.p, i), sh = get(dt, sgot.p, i);
-                    double st = fabs(gv) * der_tol + 2.0 * eps * fabs(gg) + 1e-300;
-                    st += storage_ulp(dt, sw);
-                    if (!(fabs(sh - sw) <= st)) ok = report(k, kind, t, scenario, "side_grad", i, sh, sw, st);
-                }
+            double want = get(dt, ref.p, i), have = get(dt, got.p, i), stol = 0.0;
+            double sw = with_sg ? get(dt, sref.p, i) : 0.0;
+            double tol = fused_out_tol(t, kind, i, j, want, sw, &stol);
+            if (with_sg) {
+                double sh = get(dt, sgot.p, i);
+                if (!(fabs(sh - sw) <= stol)) ok = report(k, kind, t, scenario, "side_grad", i, sh, sw, stol);
             }
-            tol += 1e-300;
-            tol += storage_ulp(dt, want);
             if (ok && !(fabs(have - want) <= tol)) ok = report(k, kind, t, scenario, what, i, have, want, tol);
+        }
+    }
+    out_free(&ref);
+    out_free(&got);
+    out_free(&sref);
+    out_free(&sgot);
+    return tally(ok);
+}
+
+/* Several fused runs in one call (*_runs_fused where the table has them):
+ * the table under test with runs = R against the scalar table called once
+ * per run, as check_runs does for the plain kernels, within check_fused's
+ * bounds summed over the runs.  Elements between the runs, of the output
+ * and of side_grad, must keep their poison. */
+static int check_fused_runs(const cfbn_kernels *k, int kind, const tcase *t, int scenario, int64_t R, int64_t len)
+{
+    int dt = t->dt;
+    int is_stats = kind == K_GSTATS;
+    int with_sg = kind == K_GAPPLY && g_side;
+    int64_t stride = t->n / R;
+    size_t es = esize[dt];
+    outbuf ref, got, sref, sgot;
+    out_init(&ref, (size_t)t->n, es);
+    out_init(&got, (size_t)t->n, es);
+    out_init(&sref, (size_t)t->n, es);
+    out_init(&sgot, (size_t)t->n, es);
+    out_poison(&ref);
+    out_poison(&got);
+    out_poison(&sref);
+    out_poison(&sgot);
+    double rs[2] = {0.0, 0.0}, gs[2] = {NAN, NAN}, b[4] = {0.0, 0.0, 0.0, 0.0};
+    tcase one = *t;
+    one.n = len;
+    for (int64_t q = 0; q < R; q++) {
+        size_t off = (size_t)(q * stride) * es;
+        double part[2];
+        g_side_at = g_side ? (const char *)t->side + off : NULL;
+        call(&cfbn_kernels_scalar, kind, &one, (const char *)t->x + off, (const char *)t->dy + off,
+             is_stats ? (void *)part : (void *)(ref.p + off), with_sg ? (void *)(sref.p + off) : NULL);
+        if (is_stats) {
+            rs[0] += part[0];
+            rs[1] += part[1];
+            for (int64_t i = 0; i < len; i++) fused_sum_bounds(t, q * stride + i, 0, b);
+        }
+    }
+    g_side_at = NULL;
+    g_runs = R;
+    g_stride = stride;
+    call(k, kind, &one, t->x, t->dy, is_stats ? (void *)gs : (void *)got.p, with_sg ? sgot.p : NULL);
+    g_runs = g_stride = 0;
+
+    char what[64];
+    snprintf(what, sizeof what, "runs: act %d side %d", g_act, g_side);
+    int ok = 1;
+    if (!out_guards_ok(&got) || !out_guards_ok(&sgot))
+        ok = report(k, kind, &one, scenario, "runs: guard overwritten", -1, 0, 0, 0);
+    if (is_stats) {
+        double tol1 = fused_sum_tol(dt, b, 0), tol2 = fused_sum_tol(dt, b, 1);
+        if (!(fabs(gs[0] - rs[0]) <= tol1)) ok = report(k, kind, &one, scenario, what, 0, gs[0], rs[0], tol1);
+        else if (!(fabs(gs[1] - rs[1]) <= tol2)) ok = report(k, kind, &one, scenario, what, 1, gs[1], rs[1], tol2);
+    } else {
+        for (int64_t i = 0; i < t->n && ok; i++) {
+            double want = get(dt, ref.p, i), have = get(dt, got.p, i);
+            double sw = get(dt, sref.p, i), sh = get(dt, sgot.p, i), stol = 0.0;
+            if (i % stride >= len || i >= R * stride) {
+                if (!isnan(have) || !isnan(sh))
+                    ok = report(k, kind, &one, scenario, "runs: wrote outside the runs", i, have, want, 0);
+                continue;
+            }
+            double tol = fused_out_tol(t, kind, i, 0, want, sw, &stol);
+            if (with_sg && !(fabs(sh - sw) <= stol))
+                ok = report(k, kind, &one, scenario, "runs: side_grad", i, sh, sw, stol);
+            if (ok && !(fabs(have - want) <= tol)) ok = report(k, kind, &one, scenario, what, i, have, want, tol);
         }
     }
     out_free(&ref);
@@ -741,6 +835,13 @@ static void check_fused_table(const cfbn_kernels *k)
                                 check_fused(k, kind, &t, s, 0);
                                 if (kind != K_GSTATS) check_fused(k, kind, &t, s, 1);
                                 if (kind == K_GAPPLY || (kind == K_APPLY && g_side)) check_fused(k, kind, &t, s, 2);
+                                /* several runs per call: long runs with tails, and
+                                 * short ones, 8 at a time and the rest */
+                                if (a < nn && !g_stream && t.n >= 19) {
+                                    check_fused_runs(k, kind, &t, s, 3, t.n / 3 - 1);
+                                    check_fused_runs(k, kind, &t, s, 19, t.n / 19);
+                                    if (!g_short) check_fused_runs(k, kind, &t, s, 19, t.n / 19 - 1);
+                                }
                             }
                         }
                         g_stream = 0;
@@ -1182,6 +1283,7 @@ static cfbn_kernels plain_only(const cfbn_kernels *k, char *name, size_t len)
         o->gapply_run_stream = NULL; o->gapply_rows_stream = NULL;
         o->apply_run_fused = NULL; o->apply_rows_fused = NULL; o->gstats_run_fused = NULL;
         o->gstats_rows_fused = NULL; o->gapply_run_fused = NULL; o->gapply_rows_fused = NULL;
+        o->apply_runs_fused = NULL; o->gstats_runs_fused = NULL; o->gapply_runs_fused = NULL;
         o->ggstats_run = NULL; o->ggstats_rows = NULL; o->ggapply_run = NULL; o->ggapply_rows = NULL;
         o->ggstats_runs = NULL; o->ggapply_runs = NULL;
     }
@@ -1191,6 +1293,7 @@ static cfbn_kernels plain_only(const cfbn_kernels *k, char *name, size_t len)
     d->gapply_run_stream = NULL; d->gapply_rows_stream = NULL;
     d->apply_run_fused = NULL; d->apply_rows_fused = NULL; d->gstats_run_fused = NULL;
     d->gstats_rows_fused = NULL; d->gapply_run_fused = NULL; d->gapply_rows_fused = NULL;
+    d->apply_runs_fused = NULL; d->gstats_runs_fused = NULL; d->gapply_runs_fused = NULL;
     d->ggstats_run = NULL; d->ggstats_rows = NULL; d->ggapply_run = NULL; d->ggapply_rows = NULL;
     d->ggstats_runs = NULL; d->ggapply_runs = NULL;
     return b;
