@@ -1281,6 +1281,15 @@ INLINE void fapply_flat_ps(const void *x, const void *side, void *y, int64_t n, 
 {
     const __m256 z = _mm256_setzero_ps();
     int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 x0 = ld8(x, i, dt), x1 = ld8(x, i + 8, dt), x2 = ld8(x, i + 16, dt), x3 = ld8(x, i + 24, dt);
+        __m256 s0 = hs ? ld8(side, i, dt) : z, s1 = hs ? ld8(side, i + 8, dt) : z;
+        __m256 s2 = hs ? ld8(side, i + 16, dt) : z, s3 = hs ? ld8(side, i + 24, dt) : z;
+        st8_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
+        st8_out(y, i + 8, act_ps(fused_pre_ps(x1, s1, q + 4, hs), kind, al), dt, nt);
+        st8_out(y, i + 16, act_ps(fused_pre_ps(x2, s2, q, hs), kind, al), dt, nt);
+        st8_out(y, i + 24, act_ps(fused_pre_ps(x3, s3, q + 4, hs), kind, al), dt, nt);
+    }
     for (; i + 16 <= n; i += 16) {
         __m256 x0 = ld8(x, i, dt), x1 = ld8(x, i + 8, dt);
         __m256 s0 = hs ? ld8(side, i, dt) : z, s1 = hs ? ld8(side, i + 8, dt) : z;
@@ -1886,7 +1895,11 @@ INLINE void gapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, c
  * activation chosen and the parameters broadcast once per call rather than
  * once per run, and regular stores.  The gradient sums of short runs go 8
  * runs at a time as gstats_runs_ps's, longer ones run by run as
- * fgstats_tree_ps sums, all added up in vector registers. */
+ * fgstats_tree_ps sums, all added up in vector registers.  Unlike the plain
+ * sums, 8 at a time also at strides of a multiple of 4 KB: the activation's
+ * arithmetic hides the L1 set conflicts there.  Measured on (32,256,14,14)
+ * NCHW (strides of 49 pages), relu gradient over the plain one, one thread:
+ * 1.32 run by run, 1.18 8 runs at a time. */
 INLINE void fapply_runs_k(const void *x, const void *side, void *y, int64_t n, int64_t runs, int64_t st,
                           const __m256 *q, int kind, int hs, __m256 al, int dt)
 {
@@ -1936,7 +1949,7 @@ INLINE void fgstats_runs_k(const void *dy, const void *x, const void *side, int6
     const __m256 z = _mm256_setzero_ps();
     __m256d s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd();
     int64_t k = 0;
-    if (n <= SHORT_RUN && (st * (dt ? 2 : 4)) % 4096 != 0) {
+    if (n <= SHORT_RUN) {
         const int64_t full = n & ~(int64_t)7, cnt = n - full;
         const __m256i mk = mask_ps(cnt);
         const __m256 tm = and_ps(q[0], mk), tl = and_ps(q[1], mk);
