@@ -1726,18 +1726,25 @@ INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, v
     const __m256 z = _mm256_setzero_ps();
     __m256 t[7];
     tail_params_ps(v, 7, full, cnt, t);
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t o = r * w;
+    /* blocks of 8 rows, each 8-column group's 7 parameters loaded once per
+     * block (loaded per row, they outnumber the data loads); one row at a
+     * time with streaming stores, which must fill each line in turn */
+    const int64_t kb = nt ? 1 : 8;
+    for (int64_t r = 0; r < rows; r += kb) {
+        const int64_t kr = rows - r < kb ? rows - r : kb, o = r * w;
         for (int64_t j = 0; j < full; j += 8) {
             __m256 q[7];
             col_params_ps(v, 7, j, q);
-            __m256 x0 = ld8(x, o + j, dt), s0 = hs ? ld8(side, o + j, dt) : z;
-            __m256 g0 = fused_g_ps(ld8(dy, o + j, dt), x0, s0, q, kind, hs, al);
-            if (sg) st8_out(sg, o + j, g0, dt, nt);
-            st8_out(dx, o + j, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), dt, nt);
+            for (int64_t k = 0; k < kr; k++) {
+                const int64_t e = o + k * w + j;
+                __m256 x0 = ld8(x, e, dt), s0 = hs ? ld8(side, e, dt) : z;
+                __m256 g0 = fused_g_ps(ld8(dy, e, dt), x0, s0, q, kind, hs, al);
+                if (sg) st8_out(sg, e, g0, dt, nt);
+                st8_out(dx, e, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), dt, nt);
+            }
         }
-        if (cnt) {
-            const int64_t e = o + full, av = n - e;
+        for (int64_t k = 0; cnt && k < kr; k++) {
+            const int64_t e = o + k * w + full, av = n - e;
             __m256 x0 = ld_part(x, e, cnt, av, dt), s0 = hs ? ld_part(side, e, cnt, av, dt) : z;
             __m256 g0 = fused_g_ps(ld_part(dy, e, cnt, av, dt), x0, s0, t, kind, hs, al);
             if (sg) st_part(sg, e, g0, cnt, dt);
