@@ -30,11 +30,16 @@
  * saves up to a third of the traffic.  Measured on a 32 MB L3, repeating a
  * pass over the same tensors: the gradient pass (three tensors) gains from
  * 38 MB in all on and ties at 19 MB; the normalization pass (two) ties or
- * loses below 50 MB and gains from 100 MB on. */
+ * loses below 50 MB and gains from 100 MB on.  On a machine with a larger
+ * last-level cache the gradient's crossover is higher: with (32,128,28,28)
+ * float32 NCHW (38 MB), one thread, 3590 us streaming and 2210 regular; with
+ * (32,64,56,56) (77 MB) a tie; with (64,64,112,112) (616 MB), 2 threads,
+ * 28.3 ms streaming and 34.7 regular.  Hence 64 MB for both. */
 #define STREAM_MIN_BYTES_APPLY ((int64_t)64 << 20)
-#define STREAM_MIN_BYTES_GRAD ((int64_t)32 << 20)
-/* Channels-first training passes over tensors that do not fit the last-level
- * cache go a channel at a time where plane order applies: the channel's sums
+#define STREAM_MIN_BYTES_GRAD ((int64_t)64 << 20)
+/* Channels-first training passes over tensors of CHANNEL_PASS_MIN_BYTES or
+ * more (all tensors read) go a channel at a time where plane order applies:
+ * the channel's sums
  * plane by plane, then its output while the channel's slice is still in
  * cache, so the inputs come from memory once instead of twice.  The slice
  * (of every tensor read) must fit a core's share of that cache.  Measured on
@@ -42,8 +47,15 @@
  * plane order: training forward 9.0 -> 8.3 ms and gradient 15.0 -> 14.6 ms
  * while the two threads got 61 GB/s of copy bandwidth, gradient 24 -> 19 ms
  * while they got 38.  On (32,64,56,56), whose 51 MB of dy and x still mostly
- * hit a 32 MB L3, the gradient went 1.4 -> 2.1 ms: hence the 128 MB floor. */
-#define CHANNEL_PASS_MIN_BYTES ((int64_t)128 << 20)
+ * hit a 32 MB L3, the gradient went 1.4 -> 2.1 ms.  On a machine with a
+ * larger last-level cache (and 2 MB of L2 a core) channel by channel wins
+ * from much smaller tensors on, where the second read comes from L2 rather
+ * than L3: float32 NCHW, one thread, plane order -> channel by channel,
+ * gradient (16,64,32,32) 696 -> 559 us, (32,128,28,28) 2257 -> 1819 us,
+ * (32,64,56,56) 5250 -> 4190 us; training forward (32,64,32,32) 1012 -> 840
+ * us, (32,64,56,56) 2786 -> 2282 us; outputs bit for bit the same.  Hence
+ * the 8 MB floor. */
+#define CHANNEL_PASS_MIN_BYTES ((int64_t)8 << 20)
 /* Small planes with a side input go pass by pass instead, the elementwise
  * pass in memory order: a channel's planes of side, C*S elements apart (often
  * a multiple of the page size), would compete for the few cache sets that

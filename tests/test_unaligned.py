@@ -12,8 +12,8 @@ import cfbn
 from _checks import BFLOAT16
 
 # Elements of a float32 tensor past every streaming-store threshold of the
-# C driver: the normalization pass (2 tensors) streams from 64 MB, the
-# gradient pass (3 tensors) from 32 MB.
+# C driver: the normalization pass (2 tensors) and the gradient pass (3
+# tensors) stream from 64 MB.
 BIG = (33 << 20) // 4
 
 
