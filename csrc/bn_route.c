@@ -39,12 +39,12 @@
 #define STREAM_MIN_BYTES_GRAD ((int64_t)64 << 20)
 /* Channels-first training passes over tensors of CHANNEL_PASS_MIN_BYTES or
  * more (all tensors read) go a channel at a time where plane order applies:
- * the channel's sums
- * plane by plane, then its output while the channel's slice is still in
- * cache, so the inputs come from memory once instead of twice.  The slice
- * (of every tensor read) must fit a core's share of that cache.  Measured on
- * (64,64,112,112) float32 at 2 threads (3.2 MB a channel per tensor) against
- * plane order: training forward 9.0 -> 8.3 ms and gradient 15.0 -> 14.6 ms
+ * the channel's sums plane by plane, then its output while the channel's
+ * slice is still in cache, so the inputs come from memory once instead of
+ * twice.  The slice (of every tensor read) must fit a core's share of that
+ * cache.  Measured on (64,64,112,112) float32 at 2 threads (3.2 MB a
+ * channel per tensor) against plane order: training forward 9.0 -> 8.3 ms
+ * and gradient 15.0 -> 14.6 ms
  * while the two threads got 61 GB/s of copy bandwidth, gradient 24 -> 19 ms
  * while they got 38.  On (32,64,56,56), whose 51 MB of dy and x still mostly
  * hit a 32 MB L3, the gradient went 1.4 -> 2.1 ms.  On a machine with a
