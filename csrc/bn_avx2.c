@@ -1346,11 +1346,12 @@ INLINE void fapply_params_ps(const cfbn_apply_f32 *p, __m256 *q)
 }
 
 /* One run's broadcast parameters of a fused gradient kernel: mhi, mlo, ya,
- * yb (0 without an activation, which never reads them), then with dx also
- * a, b, c; the set twice, for even and odd 8-blocks (q: 8 or 14 vectors). */
-INLINE void fgrad_params_ps(const cfbn_grad_f32 *p, int dx, __m256 *q)
+ * yb (0 without an activation, which never reads them), then for the
+ * gapply kernels also a, b, c; the set twice, for even and odd 8-blocks
+ * (q: 8 or 14 vectors). */
+INLINE void fgrad_params_ps(const cfbn_grad_f32 *p, int gapply, __m256 *q)
 {
-    const int w = dx ? 7 : 4;
+    const int w = gapply ? 7 : 4;
     q[0] = _mm256_set1_ps(p->mhi[0]);
     q[1] = _mm256_set1_ps(p->mlo[0]);
     q[2] = q[3] = _mm256_setzero_ps();
@@ -1358,7 +1359,7 @@ INLINE void fgrad_params_ps(const cfbn_grad_f32 *p, int dx, __m256 *q)
         q[2] = _mm256_set1_ps(p->ya[0]);
         q[3] = _mm256_set1_ps(p->yb[0]);
     }
-    if (dx) {
+    if (gapply) {
         q[4] = _mm256_set1_ps(p->a[0]);
         q[5] = _mm256_set1_ps(p->b[0]);
         q[6] = _mm256_set1_ps(p->c[0]);
@@ -1836,6 +1837,45 @@ INLINE void apply_runs_ps(const void *x, void *y, int64_t n, const cfbn_apply_f3
  * L1 set, more than its 8 ways. */
 #define SHORT_RUN 256
 
+/* The first runs of a call taken 8 at a time while 8 remain, for short runs
+ * (see above): their sums added to s1, s2; returns the number of runs done.
+ * g = fused_g_ps(dy, ...) (dy itself with CFBN_ACT_NONE), q its parameters
+ * (mhi, mlo, ya, yb).  Dead lanes of a run's tail: g masked to 0, d = 0 - 0. */
+INLINE int64_t gstats_runs8_ps(const void *dy, const void *x, const void *side, int64_t n, int64_t runs, int64_t st,
+                               const __m256 *q, int kind, int hs, __m256 al, int dt, __m256d *s1, __m256d *s2)
+{
+    const __m256 z = _mm256_setzero_ps();
+    const int64_t full = n & ~(int64_t)7, cnt = n - full;
+    const __m256i mk = mask_ps(cnt);
+    const __m256 tm = and_ps(q[0], mk), tl = and_ps(q[1], mk);
+    int64_t k = 0;
+    for (; k + 8 <= runs; k += 8) {
+        acc8 a = acc8_zero();
+        __m256 g[8], d[8];
+        for (int64_t i = 0; i < full; i += 8) {
+            for (int r = 0; r < 8; r++) {
+                const int64_t e = (k + r) * st + i;
+                __m256 x0 = ld8(x, e, dt), s0 = hs ? ld8(side, e, dt) : z;
+                g[r] = fused_g_ps(ld8(dy, e, dt), x0, s0, q, kind, hs, al);
+                d[r] = _mm256_sub_ps(x0, q[0]);
+            }
+            gstats_tree_step(&a, g, d, q[1]);
+        }
+        if (cnt) {
+            for (int r = 0; r < 8; r++) {
+                const int64_t e = (k + r) * st + full;
+                __m256 x0 = ld_part(x, e, cnt, cnt, dt), s0 = hs ? ld_part(side, e, cnt, cnt, dt) : z;
+                g[r] = and_ps(fused_g_ps(ld_part(dy, e, cnt, cnt, dt), x0, s0, q, kind, hs, al), mk);
+                d[r] = _mm256_sub_ps(x0, tm);
+            }
+            gstats_tree_step(&a, g, d, tl);
+        }
+        *s1 = _mm256_add_pd(*s1, _mm256_add_pd(a.s1lo, a.s1hi));
+        *s2 = _mm256_add_pd(*s2, _mm256_add_pd(a.s2lo, a.s2hi));
+    }
+    return k;
+}
+
 INLINE void gstats_runs_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int dt)
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
@@ -1843,32 +1883,8 @@ INLINE void gstats_runs_ps(const void *dy, const void *x, int64_t n, const cfbn_
     __m256d s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd();
     const int64_t st = p->stride;
     int64_t k = 0;
-    if (n <= SHORT_RUN && (st * (dt ? 2 : 4)) % 4096 != 0) {
-        const int64_t full = n & ~(int64_t)7, cnt = n - full;
-        const __m256i mk = mask_ps(cnt);
-        const __m256 tm = and_ps(m, mk), tl = and_ps(l, mk);
-        for (; k + 8 <= p->runs; k += 8) {
-            acc8 a = acc8_zero();
-            __m256 g[8], d[8];
-            for (int64_t i = 0; i < full; i += 8) {
-                for (int r = 0; r < 8; r++) {
-                    g[r] = ld8(dy, (k + r) * st + i, dt);
-                    d[r] = _mm256_sub_ps(ld8(x, (k + r) * st + i, dt), m);
-                }
-                gstats_tree_step(&a, g, d, l);
-            }
-            if (cnt) {
-                /* dead lanes: dy = 0 and d = 0 */
-                for (int r = 0; r < 8; r++) {
-                    g[r] = ld_part(dy, (k + r) * st + full, cnt, cnt, dt);
-                    d[r] = _mm256_sub_ps(ld_part(x, (k + r) * st + full, cnt, cnt, dt), tm);
-                }
-                gstats_tree_step(&a, g, d, tl);
-            }
-            s1 = _mm256_add_pd(s1, _mm256_add_pd(a.s1lo, a.s1hi));
-            s2 = _mm256_add_pd(s2, _mm256_add_pd(a.s2lo, a.s2hi));
-        }
-    }
+    if (n <= SHORT_RUN && (st * (dt ? 2 : 4)) % 4096 != 0)
+        k = gstats_runs8_ps(dy, x, NULL, n, p->runs, st, q, CFBN_ACT_NONE, 0, _mm256_setzero_ps(), dt, &s1, &s2);
     for (; k < p->runs; k++) {
         acc8 a, b;
         prefetch_next_run(elem_at(dy, k * st, dt), n * (dt ? 2 : 4));
@@ -1953,39 +1969,9 @@ COLD void fgstats_runs_pd(const void *dy, const void *x, int64_t n, const cfbn_g
 INLINE void fgstats_runs_k(const void *dy, const void *x, const void *side, int64_t n, int64_t runs, int64_t st,
                            const __m256 *q, int kind, int hs, __m256 al, int dt, double *acc)
 {
-    const __m256 z = _mm256_setzero_ps();
     __m256d s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd();
     int64_t k = 0;
-    if (n <= SHORT_RUN) {
-        const int64_t full = n & ~(int64_t)7, cnt = n - full;
-        const __m256i mk = mask_ps(cnt);
-        const __m256 tm = and_ps(q[0], mk), tl = and_ps(q[1], mk);
-        for (; k + 8 <= runs; k += 8) {
-            acc8 a = acc8_zero();
-            __m256 g[8], d[8];
-            for (int64_t i = 0; i < full; i += 8) {
-                for (int r = 0; r < 8; r++) {
-                    const int64_t e = (k + r) * st + i;
-                    __m256 x0 = ld8(x, e, dt), s0 = hs ? ld8(side, e, dt) : z;
-                    g[r] = fused_g_ps(ld8(dy, e, dt), x0, s0, q, kind, hs, al);
-                    d[r] = _mm256_sub_ps(x0, q[0]);
-                }
-                gstats_tree_step(&a, g, d, q[1]);
-            }
-            if (cnt) {
-                /* dead lanes: g masked to 0 and d = 0 - 0 */
-                for (int r = 0; r < 8; r++) {
-                    const int64_t e = (k + r) * st + full;
-                    __m256 x0 = ld_part(x, e, cnt, cnt, dt), s0 = hs ? ld_part(side, e, cnt, cnt, dt) : z;
-                    g[r] = and_ps(fused_g_ps(ld_part(dy, e, cnt, cnt, dt), x0, s0, q, kind, hs, al), mk);
-                    d[r] = _mm256_sub_ps(x0, tm);
-                }
-                gstats_tree_step(&a, g, d, tl);
-            }
-            s1 = _mm256_add_pd(s1, _mm256_add_pd(a.s1lo, a.s1hi));
-            s2 = _mm256_add_pd(s2, _mm256_add_pd(a.s2lo, a.s2hi));
-        }
-    }
+    if (n <= SHORT_RUN) k = gstats_runs8_ps(dy, x, side, n, runs, st, q, kind, hs, al, dt, &s1, &s2);
     for (; k < runs; k++) {
         __m256d v1, v2;
         prefetch_next_run(elem_at(dy, k * st, dt), n * (dt ? 2 : 4));
