@@ -91,6 +91,24 @@ INLINE __m128i narrow_ph(__m256 v, int dt)
     return _mm256_castsi256_si128(r);
 }
 
+/* 16 floats (a, then b) -> 16 halfwords, as narrow_ph.  bfloat16: both
+ * vectors rounded at once and packed together (packus keeps the lanes of a
+ * 128-bit half together; the permute puts a's before b's), which takes half
+ * the instructions of two narrow_ph; a pair holding a NaN goes through
+ * narrow_ph, which quietens it. */
+INLINE __m256i narrow2_ph(__m256 a, __m256 b, int dt)
+{
+    if (dt == CFBN_BF16 && !_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_UNORD_Q))) {
+        const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+        __m256i ia = _mm256_castps_si256(a), ib = _mm256_castps_si256(b);
+        ia = _mm256_add_epi32(ia, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(ia, 16), one)));
+        ib = _mm256_add_epi32(ib, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(ib, 16), one)));
+        __m256i r = _mm256_packus_epi32(_mm256_srli_epi32(ia, 16), _mm256_srli_epi32(ib, 16));
+        return _mm256_permute4x64_epi64(r, 0xd8);
+    }
+    return _mm256_set_m128i(narrow_ph(b, dt), narrow_ph(a, dt));
+}
+
 INLINE __m256 ld8(const void *p, int64_t i, int dt)
 {
     if (dt)
@@ -127,6 +145,62 @@ INLINE void st8(void *p, int64_t i, __m256 v, int dt)
         _mm_storeu_si128((__m128i *)((uint16_t *)p + i), narrow_ph(v, dt));
     else
         _mm256_storeu_ps((float *)p + i, v);
+}
+
+/* 16 elements: a at p[i], b at p[i + 8] */
+INLINE void st16(void *p, int64_t i, __m256 a, __m256 b, int dt)
+{
+    if (dt) {
+        _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), narrow2_ph(a, b, dt));
+        return;
+    }
+    _mm256_storeu_ps((float *)p + i, a);
+    _mm256_storeu_ps((float *)p + i + 8, b);
+}
+
+/* element i of p, dt storage, as a byte address */
+INLINE const char *elem_at(const void *p, int64_t i, int dt)
+{
+    return (const char *)p + (size_t)i * (dt ? 2 : 4);
+}
+
+/* ---- bfloat16 runs: 16 elements as two vectors of float ----
+ * Where every lane takes the same parameters (a run), the order of the
+ * lanes does not matter to an elementwise pass, nor to a sum beyond its
+ * rounding.  16 bfloat16 (one 32-byte load) then widen to the elements of
+ * even index (each dword shifted left by 16) and those of odd index (the
+ * dword's upper half kept), two integer operations and no shuffle; they
+ * narrow back the same way, each rounded to nearest even as narrow_ph
+ * does.  A pair holding a NaN is put back in element order and goes through
+ * narrow2_ph, which quietens it. */
+INLINE void ld16_eo(const void *p, int64_t i, __m256 *e, __m256 *o)
+{
+    __m256i v = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    *e = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    *o = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* a float's bits plus the bfloat16 rounding increment (no NaN) */
+INLINE __m256i round_bf16(__m256 v)
+{
+    __m256i b = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    return _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+}
+
+INLINE __m256i narrow16_eo(__m256 e, __m256 o)
+{
+    if (_mm256_movemask_ps(_mm256_cmp_ps(e, o, _CMP_UNORD_Q))) {
+        __m256 lo = _mm256_unpacklo_ps(e, o), hi = _mm256_unpackhi_ps(e, o);
+        return narrow2_ph(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31), CFBN_BF16);
+    }
+    /* e's rounded halves into the low halfwords, o's kept in the high ones */
+    return _mm256_blend_epi16(_mm256_srli_epi32(round_bf16(e), 16), round_bf16(o), 0xaa);
+}
+
+INLINE void st16_eo(void *p, int64_t i, __m256 e, __m256 o)
+{
+    _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), narrow16_eo(e, o));
 }
 
 /* Writes exactly cnt (1..7) elements: a neighbouring element may belong to
@@ -524,10 +598,8 @@ INLINE void apply_flat_ps(const void *x, void *y, int64_t n, const __m256 *p, in
     for (; i + 32 <= n; i += 32) {
         __m256 v0 = ld8(x, i, dt), v1 = ld8(x, i + 8, dt);
         __m256 v2 = ld8(x, i + 16, dt), v3 = ld8(x, i + 24, dt);
-        st8(y, i, apply_ps(v0, p[0], p[1], p[2], p[3]), dt);
-        st8(y, i + 8, apply_ps(v1, p[4], p[5], p[6], p[7]), dt);
-        st8(y, i + 16, apply_ps(v2, p[0], p[1], p[2], p[3]), dt);
-        st8(y, i + 24, apply_ps(v3, p[4], p[5], p[6], p[7]), dt);
+        st16(y, i, apply_ps(v0, p[0], p[1], p[2], p[3]), apply_ps(v1, p[4], p[5], p[6], p[7]), dt);
+        st16(y, i + 16, apply_ps(v2, p[0], p[1], p[2], p[3]), apply_ps(v3, p[4], p[5], p[6], p[7]), dt);
     }
     for (; i + 8 <= n; i += 8) {
         const __m256 *q = p + 4 * ((i >> 3) & 1);
@@ -546,8 +618,8 @@ INLINE void gapply_flat_ps(const void *dy, const void *x, void *dx, int64_t n, c
     for (; i + 16 <= n; i += 16) {
         __m256 g0 = ld8(dy, i, dt), g1 = ld8(dy, i + 8, dt);
         __m256 v0 = ld8(x, i, dt), v1 = ld8(x, i + 8, dt);
-        st8(dx, i, gapply_ps(g0, v0, p[0], p[1], p[2], p[3], p[4]), dt);
-        st8(dx, i + 8, gapply_ps(g1, v1, p[5], p[6], p[7], p[8], p[9]), dt);
+        st16(dx, i, gapply_ps(g0, v0, p[0], p[1], p[2], p[3], p[4]), gapply_ps(g1, v1, p[5], p[6], p[7], p[8], p[9]),
+             dt);
     }
     if (i + 8 <= n) {
         st8(dx, i, gapply_ps(ld8(dy, i, dt), ld8(x, i, dt), p[0], p[1], p[2], p[3], p[4]), dt);
@@ -573,7 +645,20 @@ INLINE void lanes_ps(const float *v, int64_t w, __m256 *even, __m256 *odd)
 
 /* ---- float-compute kernel bodies (f32, f16, bf16 storage) ---- */
 
-INLINE void stats_run_ps(const void *x, int64_t n, double shift, double *acc, int dt)
+/* Adds the sums and the sums of squares of 8 vectors d, pairwise in float,
+ * to a (widened once) */
+INLINE void stats_block_add(acc8 *a, const __m256 *d)
+{
+    __m256 t1 = tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
+    __m256 t2 = sq_tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
+    a->s1lo = _mm256_add_pd(a->s1lo, lo_pd(t1));
+    a->s1hi = _mm256_add_pd(a->s1hi, hi_pd(t1));
+    a->s2lo = _mm256_add_pd(a->s2lo, lo_pd(t2));
+    a->s2hi = _mm256_add_pd(a->s2hi, hi_pd(t2));
+}
+
+/* Sums of x - shift over a run, every element widened to double */
+INLINE void stats_run_pd(const void *x, int64_t n, double shift, double *acc, int dt)
 {
     __m256d s = _mm256_set1_pd(shift);
     const __m256d sh[4] = {s, s, s, s};
@@ -581,6 +666,52 @@ INLINE void stats_run_ps(const void *x, int64_t n, double shift, double *acc, in
     stats_flat_ps(x, n, sh, dt, &a, &b);
     acc[0] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
     acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
+}
+
+/* 2-byte runs, whose widening to double would cost more than reading them:
+ * blocks of 64 elements (8 vectors; bfloat16 by ld16_eo) summed pairwise
+ * in float from k, the shift rounded to float, as the rows kernels sum
+ * blocks of 8 rows, each block's sums widened once.  The elements after the
+ * blocks are summed in double from k; then the rounding of k is put back
+ * exactly, as in stats_rows8_ps, and a run whose float sums need double
+ * (needs_double) is summed again in double.  Float32 runs stay in double
+ * throughout: widening costs less than their reading. */
+INLINE void stats_run_ps(const void *x, int64_t n, double shift, double *acc, int dt)
+{
+    if (dt == CFBN_F32 || n < 64) {
+        stats_run_pd(x, n, shift, acc, dt);
+        return;
+    }
+    const float kf = (float)shift;
+    const __m256 k = _mm256_set1_ps(kf);
+    acc8 a = acc8_zero();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        prefetch_ahead_of(x, i, dt);
+        prefetch_ahead_of(x, i + 32, dt);
+        __m256 d[8];
+        if (dt == CFBN_BF16) {
+            for (int r = 0; r < 4; r++) ld16_eo(x, i + 16 * r, &d[2 * r], &d[2 * r + 1]);
+        } else {
+            for (int r = 0; r < 8; r++) d[r] = ld8(x, i + 8 * r, dt);
+        }
+        for (int r = 0; r < 8; r++) d[r] = _mm256_sub_ps(d[r], k);
+        stats_block_add(&a, d);
+    }
+    double rest[2] = {0.0, 0.0};
+    if (i < n) stats_run_pd(elem_at(x, i, dt), n - i, (double)kf, rest, dt);
+    double s1 = hsum_pd(_mm256_add_pd(a.s1lo, a.s1hi)) + rest[0];
+    double s2 = hsum_pd(_mm256_add_pd(a.s2lo, a.s2hi)) + rest[1];
+    /* sums of (x - k) to sums of (x - shift), with e = k - shift */
+    const double e = (double)kf - shift, ne = (double)n * e;
+    s2 += e * (2.0 * s1 + ne);
+    s1 += ne;
+    if (needs_double(s1, s2, (double)n, -1.0, 1)) {
+        stats_run_pd(x, n, shift, acc, dt);
+        return;
+    }
+    acc[0] = s1;
+    acc[1] = s2;
 }
 
 /* ---- rows whose width is a multiple of 8: blocks of 8 rows summed in float ----
@@ -794,12 +925,56 @@ INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *
     if (cnt) acc8_store_part(&t, acc + full, acc + w + full, cnt);
 }
 
+/* A run: q as apply_flat_ps's, both sets the same.  bfloat16 goes 16
+ * elements at a time through ld16_eo and st16_eo.  A run of 16 or more
+ * that 16 does not divide ends with whole vectors over its last 16
+ * elements instead of a masked tail: loaded before any store (y may be x)
+ * and stored last, so the elements they share with the body are written
+ * twice with the same values.  Elementwise, so the outputs are those of
+ * apply_flat_ps. */
+INLINE void apply_uni_ps(const void *x, void *y, int64_t n, const __m256 *q, int dt)
+{
+    if (n < 16) {
+        apply_flat_ps(x, y, n, q, dt);
+        return;
+    }
+    const int64_t body = n & ~(int64_t)15;
+    __m256 t0 = _mm256_setzero_ps(), t1 = t0;
+    if (body < n) {
+        if (dt == CFBN_BF16) ld16_eo(x, n - 16, &t0, &t1);
+        else t0 = ld8(x, n - 16, dt), t1 = ld8(x, n - 8, dt);
+    }
+    if (dt == CFBN_BF16) {
+        int64_t i = 0;
+        for (; i + 32 <= body; i += 32) {
+            __m256 e0, o0, e1, o1;
+            ld16_eo(x, i, &e0, &o0);
+            ld16_eo(x, i + 16, &e1, &o1);
+            st16_eo(y, i, apply_ps(e0, q[0], q[1], q[2], q[3]), apply_ps(o0, q[0], q[1], q[2], q[3]));
+            st16_eo(y, i + 16, apply_ps(e1, q[0], q[1], q[2], q[3]), apply_ps(o1, q[0], q[1], q[2], q[3]));
+        }
+        if (i < body) {
+            __m256 e0, o0;
+            ld16_eo(x, i, &e0, &o0);
+            st16_eo(y, i, apply_ps(e0, q[0], q[1], q[2], q[3]), apply_ps(o0, q[0], q[1], q[2], q[3]));
+        }
+    } else {
+        apply_flat_ps(x, y, body, q, dt);
+    }
+    if (body < n) {
+        t0 = apply_ps(t0, q[0], q[1], q[2], q[3]);
+        t1 = apply_ps(t1, q[0], q[1], q[2], q[3]);
+        if (dt == CFBN_BF16) st16_eo(y, n - 16, t0, t1);
+        else st16(y, n - 16, t0, t1, dt);
+    }
+}
+
 INLINE void apply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]);
     const __m256 q[8] = {m, l, a, b, m, l, a, b};
-    apply_flat_ps(x, y, n, q, dt);
+    apply_uni_ps(x, y, n, q, dt);
 }
 
 INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
@@ -939,12 +1114,48 @@ INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t 
     if (cnt) acc8_store_part(&t, acc + full, acc + w + full, cnt);
 }
 
+/* A run, as apply_uni_ps: q as gapply_flat_ps's, both sets the same */
+INLINE void gapply_uni_ps(const void *dy, const void *x, void *dx, int64_t n, const __m256 *q, int dt)
+{
+    if (n < 16) {
+        gapply_flat_ps(dy, x, dx, n, q, dt);
+        return;
+    }
+    const int64_t body = n & ~(int64_t)15;
+    __m256 g0 = _mm256_setzero_ps(), g1 = g0, v0 = g0, v1 = g0;
+    if (body < n) {
+        if (dt == CFBN_BF16) {
+            ld16_eo(dy, n - 16, &g0, &g1);
+            ld16_eo(x, n - 16, &v0, &v1);
+        } else {
+            g0 = ld8(dy, n - 16, dt), g1 = ld8(dy, n - 8, dt);
+            v0 = ld8(x, n - 16, dt), v1 = ld8(x, n - 8, dt);
+        }
+    }
+    if (dt == CFBN_BF16) {
+        for (int64_t i = 0; i < body; i += 16) {
+            __m256 ge, go, xe, xo;
+            ld16_eo(dy, i, &ge, &go);
+            ld16_eo(x, i, &xe, &xo);
+            st16_eo(dx, i, gapply_ps(ge, xe, q[0], q[1], q[2], q[3], q[4]),
+                    gapply_ps(go, xo, q[0], q[1], q[2], q[3], q[4]));
+        }
+    } else {
+        gapply_flat_ps(dy, x, dx, body, q, dt);
+    }
+    if (body < n) {
+        __m256 r0 = gapply_ps(g0, v0, q[0], q[1], q[2], q[3], q[4]), r1 = gapply_ps(g1, v1, q[0], q[1], q[2], q[3], q[4]);
+        if (dt == CFBN_BF16) st16_eo(dx, n - 16, r0, r1);
+        else st16(dx, n - 16, r0, r1, dt);
+    }
+}
+
 INLINE void gapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
     const __m256 q[10] = {m, l, a, b, c, m, l, a, b, c};
-    gapply_flat_ps(dy, x, dx, n, q, dt);
+    gapply_uni_ps(dy, x, dx, n, q, dt);
 }
 
 INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
@@ -1811,12 +2022,6 @@ INLINE void fgapply_rows_ps(const void *dy, const void *x, void *dx, int64_t row
  * sums stay in vector registers across runs, added up once at the end.
  * Each run first prefetches the next channel's (bn_runs.h). */
 
-/* element i of p, dt storage, as a byte address */
-INLINE const char *elem_at(const void *p, int64_t i, int dt)
-{
-    return (const char *)p + (size_t)i * (dt ? 2 : 4);
-}
-
 INLINE void apply_runs_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
@@ -1825,7 +2030,7 @@ INLINE void apply_runs_ps(const void *x, void *y, int64_t n, const cfbn_apply_f3
     for (int64_t k = 0; k < p->runs; k++) {
         prefetch_next_run(elem_at(x, k * p->stride, dt), n * (dt ? 2 : 4));
         if (k + 1 < p->runs) prefetch_run_out(elem_at(y, (k + 1) * p->stride, dt), n * (dt ? 2 : 4));
-        apply_flat_ps(elem_at(x, k * p->stride, dt), (void *)elem_at(y, k * p->stride, dt), n, q, dt);
+        apply_uni_ps(elem_at(x, k * p->stride, dt), (void *)elem_at(y, k * p->stride, dt), n, q, dt);
     }
 }
 
@@ -1900,6 +2105,75 @@ INLINE void gstats_runs_ps(const void *dy, const void *x, int64_t n, const cfbn_
     if (run_needs_double(acc, n * p->runs, p)) gstats_runs_pd(dy, x, n, p->runs, st, p, acc, dt);
 }
 
+/* Statistics of one channel's runs.  Short runs go 8 at a time as
+ * gstats_runs8_ps's: d = x - k, k the shift rounded to float, the 8 runs'
+ * vectors at each position summed pairwise in float and widened once; the
+ * runs left over and the rounding of k (as in stats_run_ps), checked once
+ * on the totals.  Long runs go one by one through stats_run_ps. */
+INLINE void stats_runs_ps(const void *x, int64_t n, int64_t runs, int64_t st, double shift, double *acc, int dt)
+{
+    const int64_t es = dt ? 2 : 4;
+    double s1 = 0.0, s2 = 0.0;
+    if (n > SHORT_RUN || (st * es) % 4096 == 0 || runs < 8) {
+        for (int64_t r = 0; r < runs; r++) {
+            double one[2];
+            prefetch_next_run(elem_at(x, r * st, dt), n * es);
+            stats_run_ps(elem_at(x, r * st, dt), n, shift, one, dt);
+            s1 += one[0];
+            s2 += one[1];
+        }
+        acc[0] = s1;
+        acc[1] = s2;
+        return;
+    }
+    const float kf = (float)shift;
+    const __m256 k = _mm256_set1_ps(kf);
+    const int64_t full = n & ~(int64_t)7, cnt = n - full;
+    /* dead lanes of a run shorter than 8: x reads as 0 and k is masked to 0 */
+    const __m256 tk = and_ps(k, mask_ps(cnt));
+    const __m256i last = _mm256_cmpgt_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32((int)(7 - cnt)));
+    acc8 a = acc8_zero();
+    int64_t r = 0;
+    for (; r + 8 <= runs; r += 8) {
+        __m256 d[8];
+        for (int64_t i = 0; i < full; i += 8) {
+            for (int j = 0; j < 8; j++) d[j] = _mm256_sub_ps(ld8(x, (r + j) * st + i, dt), k);
+            stats_block_add(&a, d);
+        }
+        if (cnt && full) {
+            /* the run's last 8 elements, the lanes already summed masked off */
+            for (int j = 0; j < 8; j++) d[j] = and_ps(_mm256_sub_ps(ld8(x, (r + j) * st + n - 8, dt), k), last);
+            stats_block_add(&a, d);
+        } else if (cnt) {
+            for (int j = 0; j < 8; j++) d[j] = _mm256_sub_ps(ld_part(x, (r + j) * st, cnt, cnt, dt), tk);
+            stats_block_add(&a, d);
+        }
+    }
+    s1 = hsum_pd(_mm256_add_pd(a.s1lo, a.s1hi));
+    s2 = hsum_pd(_mm256_add_pd(a.s2lo, a.s2hi));
+    for (; r < runs; r++) {
+        double one[2];
+        stats_run_pd(elem_at(x, r * st, dt), n, (double)kf, one, dt);
+        s1 += one[0];
+        s2 += one[1];
+    }
+    const double count = (double)n * (double)runs, e = (double)kf - shift, ne = count * e;
+    s2 += e * (2.0 * s1 + ne);
+    s1 += ne;
+    if (needs_double(s1, s2, count, -1.0, 1)) {
+        s1 = s2 = 0.0;
+        for (r = 0; r < runs; r++) {
+            double one[2];
+            stats_run_pd(elem_at(x, r * st, dt), n, shift, one, dt);
+            s1 += one[0];
+            s2 += one[1];
+        }
+    }
+    acc[0] = s1;
+    acc[1] = s2;
+}
+
 INLINE void gapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
@@ -1909,7 +2183,7 @@ INLINE void gapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, c
         prefetch_next_run(elem_at(dy, k * p->stride, dt), n * (dt ? 2 : 4));
         prefetch_next_run(elem_at(x, k * p->stride, dt), n * (dt ? 2 : 4));
         if (k + 1 < p->runs) prefetch_run_out(elem_at(dx, (k + 1) * p->stride, dt), n * (dt ? 2 : 4));
-        gapply_flat_ps(elem_at(dy, k * p->stride, dt), elem_at(x, k * p->stride, dt),
+        gapply_uni_ps(elem_at(dy, k * p->stride, dt), elem_at(x, k * p->stride, dt),
                        (void *)elem_at(dx, k * p->stride, dt), n, q, dt);
     }
 }
@@ -2047,6 +2321,11 @@ INLINE void fgapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, 
     {                                                                                                         \
         gapply_runs_ps(dy, x, dx, n, p, DT);                                                                  \
     }                                                                                                         \
+    static void stats_runs_##sfx(const void *x, int64_t n, int64_t runs, int64_t stride, double shift,        \
+                                 double *acc)                                                                 \
+    {                                                                                                         \
+        stats_runs_ps(x, n, runs, stride, shift, acc, DT);                                                    \
+    }                                                                                                         \
     static void apply_runs_fused_##sfx(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)            \
     {                                                                                                         \
         fapply_runs_ps(x, y, n, p, DT);                                                                       \
@@ -2081,6 +2360,7 @@ INLINE void fgapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, 
     }
 #define EXTRA_TABLE(sfx)                                                                                      \
     .apply_runs = apply_runs_##sfx, .gstats_runs = gstats_runs_##sfx, .gapply_runs = gapply_runs_##sfx,       \
+    .stats_runs = stats_runs_##sfx,                                                                           \
     .apply_runs_fused = apply_runs_fused_##sfx, .gstats_runs_fused = gstats_runs_fused_##sfx,                 \
     .gapply_runs_fused = gapply_runs_fused_##sfx,                                                             \
     .apply_run_stream = apply_run_nt_##sfx, .apply_rows_stream = apply_rows_nt_##sfx,                         \

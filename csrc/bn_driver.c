@@ -16,7 +16,6 @@
 #include "cfbn.h"
 #include "storage.h"
 #include "bn_route.h"
-#include "bn_runs.h"
 #include "bn_math.h"
 
 #ifdef _OPENMP
@@ -417,15 +416,7 @@ static void first_stretch(const pass *ps, const double *shift, int64_t c, int64_
     int64_t stride = p->C * p->S;
     switch (ps->kind) {
     case PASS_STATS:
-        /* the statistics kernels take one run at a time */
-        part[0] = part[1] = 0.0;
-        for (int64_t r = 0; r < runs; r++) {
-            double one[2];
-            prefetch_next_run(at_elem(ps->a, dt, off + r * stride), len * (int64_t)cfbn_storage_size(dt));
-            cfbn_route_stats(ps->k, dt, at_elem(ps->a, dt, off + r * stride), len, 1, 1, shift + c, one);
-            part[0] += one[0];
-            part[1] += one[1];
-        }
+        cfbn_route_stats_runs(ps->k, dt, at_elem(ps->a, dt, off), len, runs, stride, shift[c], part);
         break;
     case PASS_APPLY:
         call_apply(ps->k, ps->pp, c, at_elem(ps->a, dt, off), (void *)at_elem(ps->out, dt, off), len, 1, 1,

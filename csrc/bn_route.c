@@ -133,6 +133,24 @@ void cfbn_route_stats(const cfbn_kernels *k, int dtype, const void *x, int64_t r
     else rw(x, rows, w, shift, acc);
 }
 
+void cfbn_route_stats_runs(const cfbn_kernels *k, int dtype, const void *x, int64_t n, int64_t runs,
+                           int64_t stride, double shift, double *acc)
+{
+    if (runs > 1 && dtype != CFBN_F64 && cfbn_route_float_table(k, dtype)->stats_runs) {
+        cfbn_route_float_table(k, dtype)->stats_runs(x, n, runs, stride, shift, acc);
+        return;
+    }
+    size_t es = cfbn_storage_size(dtype);
+    acc[0] = acc[1] = 0.0;
+    for (int64_t r = 0; r < runs; r++) {
+        double one[2];
+        prefetch_next_run(at(x, r * stride, es), n * (int64_t)es);
+        cfbn_route_stats(k, dtype, at(x, r * stride, es), n, 1, 1, &shift, one);
+        acc[0] += one[0];
+        acc[1] += one[1];
+    }
+}
+
 /* ---- the fused fallback: L1-sized blocks ----
  * A call is cut into blocks of at most FUSE_BLOCK elements: whole rows when
  * a row fits, else pieces of one row (a run is one row whose parameters do

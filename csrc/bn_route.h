@@ -22,6 +22,10 @@ const cfbn_float_kernels *cfbn_route_float_table(const cfbn_kernels *k, int dtyp
 /* Statistics: one run (rows == n elements, w unused) or rows of w. */
 void cfbn_route_stats(const cfbn_kernels *k, int dtype, const void *x, int64_t rows, int64_t w, int is_run,
                       const double *shift, double *acc);
+/* Statistics over `runs` runs of n elements, stride elements apart, all of
+ * one channel: the sums of every run added up. */
+void cfbn_route_stats_runs(const cfbn_kernels *k, int dtype, const void *x, int64_t n, int64_t runs,
+                           int64_t stride, double shift, double *acc);
 
 /* Float compute: dtype names the storage of the tensors (f32, f16 or bf16). */
 void cfbn_route_apply_f32(const cfbn_kernels *k, int dtype, const void *x, void *y, int64_t rows, int64_t w,

@@ -152,6 +152,9 @@ typedef struct {
  * ones, with the same results):
  *   *_runs      p->runs > 1 runs of one channel in one call (see runs,
  *               stride below), plain, regular stores
+ *   stats_runs  (float tables only) runs > 1 runs of n elements, stride
+ *               elements apart, as stats_run over all of them: their two
+ *               sums added up
  *   *_stream    the plain pass with non-temporal stores (p->stream set); the
  *               rows variant is called only on whole 16-byte aligned rows
  *   *_fused     one run or rows with the activation and side input of the
@@ -176,6 +179,8 @@ typedef struct {
  * double sums do not (bn_avx2.c: needs_double). */
 typedef void (*cfbn_stats_run_fn)(const void *x, int64_t n, double shift, double *acc);
 typedef void (*cfbn_stats_rows_fn)(const void *x, int64_t rows, int64_t w, const double *shift, double *acc);
+typedef void (*cfbn_stats_runs_fn)(const void *x, int64_t n, int64_t runs, int64_t stride, double shift,
+                                   double *acc);
 
 typedef void (*cfbn_apply_run_f32_fn)(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p);
 typedef void (*cfbn_apply_rows_f32_fn)(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p);
@@ -228,6 +233,7 @@ typedef struct {
     cfbn_apply_run_f32_fn apply_runs;
     cfbn_gstats_run_f32_fn gstats_runs;
     cfbn_gapply_run_f32_fn gapply_runs;
+    cfbn_stats_runs_fn stats_runs;
     cfbn_apply_run_f32_fn apply_run_stream;
     cfbn_apply_rows_f32_fn apply_rows_stream;
     cfbn_gapply_run_f32_fn gapply_run_stream;

@@ -348,7 +348,8 @@ static void call(const cfbn_kernels *k, int kind, const tcase *t, const void *x,
     int64_t nr = rows ? r : n;
     const void *side = g_side ? (g_side_at ? g_side_at : t->side) : NULL;
     if (kind == K_STATS) {
-        cfbn_route_stats(k, t->dt, x, nr, w, !rows, t->shift, out);
+        if (g_runs > 1) cfbn_route_stats_runs(k, t->dt, x, n, g_runs, g_stride, t->shift[0], out);
+        else cfbn_route_stats(k, t->dt, x, nr, w, !rows, t->shift, out);
     } else if (t->dt != CFBN_F64) {
         cfbn_apply_f32 ap = {t->mhi, t->mlo, t->pa, t->pb, g_stream, g_act, (float)g_alpha, side,
                              g_runs, g_stride};
@@ -393,15 +394,15 @@ static void print_entries(const cfbn_kernels *k)
                  !!o->ggapply_runs;
         } else {
             const cfbn_float_kernels *o = cfbn_route_float_table(k, d);
-            runs = !!o->apply_runs + !!o->gstats_runs + !!o->gapply_runs;
+            runs = !!o->apply_runs + !!o->gstats_runs + !!o->gapply_runs + !!o->stats_runs;
             fused = !!o->apply_run_fused + !!o->apply_rows_fused + !!o->gstats_run_fused + !!o->gstats_rows_fused +
                     !!o->gapply_run_fused + !!o->gapply_rows_fused + !!o->apply_runs_fused +
                     !!o->gstats_runs_fused + !!o->gapply_runs_fused;
             gg = !!o->ggstats_run + !!o->ggstats_rows + !!o->ggapply_run + !!o->ggapply_rows + !!o->ggstats_runs +
                  !!o->ggapply_runs;
         }
-        printf("%s %s: optional entries runs %d/3, stream %d/4, fused %d/9, second order %d/6\n", k->name, dname[d],
-               runs, stream_entries(k, d), fused, gg);
+        printf("%s %s: optional entries runs %d/%d, stream %d/4, fused %d/9, second order %d/6\n", k->name, dname[d],
+               runs, d == CFBN_F64 ? 3 : 4, stream_entries(k, d), fused, gg);
     }
 }
 
@@ -468,7 +469,10 @@ static int check_one(const cfbn_kernels *k, int kind, const tcase *t, int scenar
                     m2 += fabs(gv * d);
                 }
             }
-            double blk = (t->rows_kind || kind == K_GSTATS) && dt != CFBN_F64 ? 6.0 * FLT_EPSILON : 0.0;
+            /* the kernels that may sum blocks in float (cfbn.h): rows, the
+             * gradient sums, and the statistics of 2-byte runs */
+            int in_float = dt != CFBN_F64 && (t->rows_kind || kind == K_GSTATS || dt != CFBN_F32);
+            double blk = in_float ? 6.0 * FLT_EPSILON : 0.0;
             double tol1 = (2e-12 + blk) * m1 + 1e-300, tol2 = (2e-12 + blk) * m2 + 1e-300;
             if (!(fabs(g[j] - r[j]) <= tol1)) ok = report(k, kind, t, scenario, "sum1", j, g[j], r[j], tol1);
             else if (!(fabs(g[np + j] - r[np + j]) <= tol2))
@@ -865,7 +869,7 @@ static void check_fused_table(const cfbn_kernels *k)
 static int check_runs(const cfbn_kernels *k, int kind, const tcase *t, int scenario, int64_t R, int64_t len)
 {
     int dt = t->dt;
-    int is_stats = kind == K_GSTATS;
+    int is_stats = kind == K_STATS || kind == K_GSTATS;
     int64_t stride = t->n / R;
     size_t es = esize[dt];
     outbuf ref, got;
@@ -885,7 +889,12 @@ static int check_runs(const cfbn_kernels *k, int kind, const tcase *t, int scena
             rs[0] += part[0];
             rs[1] += part[1];
         }
-        for (int64_t i = 0; i < len; i++) {
+        for (int64_t i = 0; i < len && kind == K_STATS; i++) {
+            double d = get(dt, t->x, q * stride + i) - t->shift[0];
+            m1 += fabs(d);
+            m2 += d * d;
+        }
+        for (int64_t i = 0; i < len && kind != K_STATS; i++) {
             double gv = get(dt, t->dy, q * stride + i);
             double d = centered(dt, get(dt, t->x, q * stride + i), pget(t, t->mhi, 0), pget(t, t->mlo, 0));
             m1 += fabs(gv);
@@ -943,14 +952,14 @@ static void check_case(const cfbn_kernels *k, int dt, int rows_kind, int64_t row
             g_misalign = 1;
         }
         /* several runs per call: whole, shortened and empty runs */
-        if (!rows_kind && kind != K_STATS && t.n >= 3) {
+        if (!rows_kind && t.n >= 3) {
             int64_t stride = t.n / 3;
             check_runs(k, kind, &t, scenario, 3, stride);
             check_runs(k, kind, &t, scenario, 3, stride - 1);
             check_runs(k, kind, &t, scenario, 3, 0);
         }
         /* enough short runs for kernels that take them 8 at a time */
-        if (!rows_kind && kind != K_STATS && t.n >= 19) {
+        if (!rows_kind && t.n >= 19) {
             int64_t stride = t.n / 19;
             check_runs(k, kind, &t, scenario, 19, stride);
             check_runs(k, kind, &t, scenario, 19, stride - 1);
@@ -1278,7 +1287,7 @@ static cfbn_kernels plain_only(const cfbn_kernels *k, char *name, size_t len)
     cfbn_float_kernels *fl[] = {&b.f32, &b.f16, &b.bf16};
     for (int i = 0; i < 3; i++) {
         cfbn_float_kernels *o = fl[i];
-        o->apply_runs = NULL; o->gstats_runs = NULL; o->gapply_runs = NULL;
+        o->apply_runs = NULL; o->gstats_runs = NULL; o->gapply_runs = NULL; o->stats_runs = NULL;
         o->apply_run_stream = NULL; o->apply_rows_stream = NULL;
         o->gapply_run_stream = NULL; o->gapply_rows_stream = NULL;
         o->apply_run_fused = NULL; o->apply_rows_fused = NULL; o->gstats_run_fused = NULL;
