@@ -724,23 +724,28 @@ static int64_t param_len(const plan *p, int layout)
  * sums, loses nothing to cancellation, and the SIMD kernels can form x - shift
  * exactly in float when |mean| >> std.  The estimate depends only on the data
  * and the shape. */
-static double *make_shift(const plan *p, const cfbn_shape *s, const void *x)
+static double channel_shift(const plan *p, const cfbn_shape *s, const void *x, int64_t c)
 {
-    int64_t len = param_len(p, s->layout);
-    double *shift = malloc((size_t)(len > 0 ? len : 1) * sizeof(double));
-    if (!shift) return NULL;
     int first = s->layout == CFBN_CHANNELS_FIRST;
     int64_t k = first ? (p->S < SHIFT_SAMPLE ? p->S : SHIFT_SAMPLE)
                       : (s->outer < SHIFT_SAMPLE ? s->outer : SHIFT_SAMPLE);
-    for (int64_t c = 0; c < p->C; c++) {
-        double sum = 0.0;
-        for (int64_t i = 0; i < k && p->n > 0; i++)
-            sum += elem_get(x, p->dtype, first ? c * p->S + i : i * p->C + c);
-        double m = k > 0 && p->n > 0 ? sum / (double)k : 0.0;
-        /* a non-finite sample leaves the channel's sums non-finite anyway */
-        if (!isfinite(m)) m = 0.0;
-        shift[c] = p->dtype == CFBN_F64 ? m : (double)(float)m;
-    }
+    double sum = 0.0;
+    for (int64_t i = 0; i < k && p->n > 0; i++)
+        sum += elem_get(x, p->dtype, first ? c * p->S + i : i * p->C + c);
+    double m = k > 0 && p->n > 0 ? sum / (double)k : 0.0;
+    /* a non-finite sample leaves the channel's sums non-finite anyway */
+    if (!isfinite(m)) m = 0.0;
+    return p->dtype == CFBN_F64 ? m : (double)(float)m;
+}
+
+/* Every channel's shift, tiled to the parameter length; with fill 0 the
+ * array only, for a caller that sets shift[c] itself (channels-first). */
+static double *make_shift(const plan *p, const cfbn_shape *s, const void *x, int fill)
+{
+    int64_t len = param_len(p, s->layout);
+    double *shift = malloc((size_t)(len > 0 ? len : 1) * sizeof(double));
+    if (!shift || !fill) return shift;
+    for (int64_t c = 0; c < p->C; c++) shift[c] = channel_shift(p, s, x, c);
     if (p->C > 0) repeat_block((char *)shift, sizeof(double), p->C, len);
     return shift;
 }
@@ -804,13 +809,18 @@ typedef struct {
     const pass *stats, *apply;
     const fwd_args *a;
     params *pp;
-    const double *shift;
+    double *shift;
+    const cfbn_shape *s;
 } fused_fwd;
 
+/* The shift too is taken here, by the thread that reads the channel: its
+ * first plane then comes into this core's cache for the sums that follow,
+ * rather than being read one channel after another before the pass. */
 static void fused_forward_task(void *ctx, int64_t c)
 {
     const fused_fwd *f = ctx;
     double acc[2];
+    f->shift[c] = channel_shift(f->stats->p, f->s, f->stats->a, c);
     if (f->stats->p->planes) channel_plane_sums(f->stats, f->shift, c, acc);
     else first_piece(f->stats, f->shift, c, 0, acc);
     forward_channel(f->stats->p, f->a, f->pp, c, f->shift[c], acc[0], acc[1]);
@@ -833,17 +843,18 @@ int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
     if (params_init(&pp, s->dtype, param_len(&p, s->layout), P_APPLY_COUNT) < 0) return -1;
     pp.stream = stream_output(s, fusion && fusion->side ? 3 : 2, 0);
     params_set_fusion(&pp, fusion);
-    double *shift = make_shift(&p, s, x);
+    int by_channel = per_channel(&p, 1, fusion && fusion->side);
+    double *shift = make_shift(&p, s, x, !by_channel);
     double *sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
     int rc = -1;
     if (!shift || !sums) goto done;
     pass st = { k, &p, &pp, PASS_STATS, x, NULL, NULL, NULL, NULL, NULL, NULL };
     pass ap = { k, &p, &pp, PASS_APPLY, x, NULL, y, fusion ? fusion->side : NULL, NULL, NULL, NULL };
 
-    if (per_channel(&p, 1, fusion && fusion->side)) {
+    if (by_channel) {
         /* One task per channel: its statistics, then its normalization while
          * the channel's planes are still in this core's cache. */
-        fused_fwd ctx = { &st, &ap, &a, &pp, shift };
+        fused_fwd ctx = { &st, &ap, &a, &pp, shift, s };
         parallel_for(nt, p.C, fused_forward_task, &ctx);
         rc = 0;
         goto done;
@@ -911,7 +922,7 @@ int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x, d
     make_plan(s, &p);
     params pp;
     if (params_init(&pp, s->dtype, param_len(&p, s->layout), P_APPLY_COUNT) < 0) return -1;
-    double *shift = make_shift(&p, s, x);
+    double *shift = make_shift(&p, s, x, 1);
     double *sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
     int rc = -1;
     if (shift && sums) {
