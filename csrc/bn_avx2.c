@@ -203,6 +203,40 @@ INLINE void st16_eo(void *p, int64_t i, __m256 e, __m256 o)
     _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), narrow16_eo(e, o));
 }
 
+/* The same with non-temporal stores, p + i 16-byte aligned */
+INLINE void st16_eo_nt(void *p, int64_t i, __m256 e, __m256 o)
+{
+    __m256i h = narrow16_eo(e, o);
+    __m128i *q = (__m128i *)((uint16_t *)p + i);
+    _mm_stream_si128(q, _mm256_castsi256_si128(h));
+    _mm_stream_si128(q + 1, _mm256_extracti128_si256(h, 1));
+}
+
+/* Rows of bfloat16 whose width is a multiple of 16 (and at most EO_MAX_W)
+ * go through ld16_eo and st16_eo too, with the per-column parameters put in
+ * the order of its lanes once per call: for each 16 columns from j, those
+ * of the even lanes (columns j, j+2, ..., j+6, j+8, ..., j+14) at out[j..j+8)
+ * and those of the odd lanes at out[j+8..j+16); k arrays of w each. */
+#define EO_MAX_W 1024
+INLINE int eo_rows(int dt, int64_t w)
+{
+    return dt == CFBN_BF16 && w % 16 == 0 && w > 0 && w <= EO_MAX_W;
+}
+
+static void eo_params(const float *const *v, int k, int64_t w, float *out)
+{
+    for (int a = 0; a < k; a++, out += w) {
+        for (int64_t j = 0; j < w; j += 16) {
+            for (int l = 0; l < 8; l++) {
+                int64_t col = j + (l < 4 ? 2 * l : 8 + 2 * (l - 4));
+                out[j + l] = v[a][col];
+                out[j + 8 + l] = v[a][col + 1];
+            }
+        }
+    }
+}
+
+
 /* Writes exactly cnt (1..7) elements: a neighbouring element may belong to
  * another thread's piece (or be the next row's input when y aliases x). */
 INLINE void st_part(void *p, int64_t i, __m256 v, int64_t cnt, int dt)
@@ -330,6 +364,54 @@ INLINE __m256 apply_ps(__m256 x, __m256 mhi, __m256 mlo, __m256 al, __m256 be)
 INLINE __m256 gapply_ps(__m256 g, __m256 x, __m256 mhi, __m256 mlo, __m256 a, __m256 b, __m256 c)
 {
     return _mm256_fmadd_ps(g, a, _mm256_fmadd_ps(centered_ps(x, mhi, mlo), b, c));
+}
+
+/* apply_ps and gapply_ps with parameters in eo_params's layout: arrays of
+ * w, the 8 lanes at column slot j */
+INLINE __m256 apply_eo_ps(__m256 x, const float *q, int64_t w, int64_t j)
+{
+    return apply_ps(x, _mm256_loadu_ps(q + j), _mm256_loadu_ps(q + w + j), _mm256_loadu_ps(q + 2 * w + j),
+                    _mm256_loadu_ps(q + 3 * w + j));
+}
+
+INLINE __m256 gapply_eo_ps(__m256 g, __m256 x, const float *q, int64_t w, int64_t j)
+{
+    return gapply_ps(g, x, _mm256_loadu_ps(q + j), _mm256_loadu_ps(q + w + j), _mm256_loadu_ps(q + 2 * w + j),
+                     _mm256_loadu_ps(q + 3 * w + j), _mm256_loadu_ps(q + 4 * w + j));
+}
+
+/* bfloat16 rows as eo_rows allows; nt: non-temporal stores (rows 16-byte
+ * aligned) */
+INLINE void apply_rows_eo(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int nt)
+{
+    float q[4 * EO_MAX_W];
+    const float *const v[4] = {p->mhi, p->mlo, p->alpha, p->beta};
+    eo_params(v, 4, w, q);
+    for (int64_t i = 0, j = 0; i < rows * w; i += 16, j = j + 16 == w ? 0 : j + 16) {
+        __m256 e, o;
+        ld16_eo(x, i, &e, &o);
+        e = apply_eo_ps(e, q, w, j);
+        o = apply_eo_ps(o, q, w, j + 8);
+        if (nt) st16_eo_nt(y, i, e, o);
+        else st16_eo(y, i, e, o);
+    }
+}
+
+INLINE void gapply_rows_eo(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                           int nt)
+{
+    float q[5 * EO_MAX_W];
+    const float *const v[5] = {p->mhi, p->mlo, p->a, p->b, p->c};
+    eo_params(v, 5, w, q);
+    for (int64_t i = 0, j = 0; i < rows * w; i += 16, j = j + 16 == w ? 0 : j + 16) {
+        __m256 ge, go, xe, xo;
+        ld16_eo(dy, i, &ge, &go);
+        ld16_eo(x, i, &xe, &xo);
+        xe = gapply_eo_ps(ge, xe, q, w, j);
+        xo = gapply_eo_ps(go, xo, q, w, j + 8);
+        if (nt) st16_eo_nt(dx, i, xe, xo);
+        else st16_eo(dx, i, xe, xo);
+    }
 }
 
 /* ---- pairwise sums of 8 vectors in float ---- */
@@ -989,6 +1071,10 @@ INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const
         apply_flat_ps(x, y, rows * w, q, dt);
         return;
     }
+    if (eo_rows(dt, w)) {
+        apply_rows_eo(x, y, rows, w, p, 0);
+        return;
+    }
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
     __m256 tm = _mm256_setzero_ps(), tl = tm, ta = tm, tb = tm;
     if (cnt) {
@@ -1172,6 +1258,10 @@ INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows
         gapply_flat_ps(dy, x, dx, rows * w, q, dt);
         return;
     }
+    if (eo_rows(dt, w)) {
+        gapply_rows_eo(dy, x, dx, rows, w, p, 0);
+        return;
+    }
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
     __m256 tm = _mm256_setzero_ps(), tl = tm, ta = tm, tb = tm, tc = tm;
     if (cnt) {
@@ -1230,6 +1320,11 @@ INLINE void apply_run_nt_ps(const void *x, void *y, int64_t n, const cfbn_apply_
     __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]);
     int64_t i = peel16(y, n, dt);
     if (i) st_part(y, 0, apply_ps(ld_part(x, 0, i, n, dt), m, l, a, b), i, dt);
+    for (; dt == CFBN_BF16 && i + 16 <= n; i += 16) {
+        __m256 e, o;
+        ld16_eo(x, i, &e, &o);
+        st16_eo_nt(y, i, apply_ps(e, m, l, a, b), apply_ps(o, m, l, a, b));
+    }
     for (; i + 16 <= n; i += 16) {
         __m256 v0 = ld8(x, i, dt), v1 = ld8(x, i + 8, dt);
         st8_nt(y, i, apply_ps(v0, m, l, a, b), dt);
@@ -1244,6 +1339,11 @@ INLINE void apply_run_nt_ps(const void *x, void *y, int64_t n, const cfbn_apply_
  * (rows_stream_ok in bn_route.c) */
 INLINE void apply_rows_nt_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
 {
+    if (eo_rows(dt, w)) {
+        apply_rows_eo(x, y, rows, w, p, 1);
+        _mm_sfence();
+        return;
+    }
     const int64_t full = w & ~(int64_t)7, cnt = w - full;
     __m256 tm = _mm256_setzero_ps(), tl = tm, ta = tm, tb = tm;
     if (cnt) {
@@ -1270,6 +1370,12 @@ INLINE void gapply_run_nt_ps(const void *dy, const void *x, void *dx, int64_t n,
     __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
     int64_t i = peel16(dx, n, dt);
     if (i) st_part(dx, 0, gapply_ps(ld_part(dy, 0, i, n, dt), ld_part(x, 0, i, n, dt), m, l, a, b, c), i, dt);
+    for (; dt == CFBN_BF16 && i + 16 <= n; i += 16) {
+        __m256 ge, go, xe, xo;
+        ld16_eo(dy, i, &ge, &go);
+        ld16_eo(x, i, &xe, &xo);
+        st16_eo_nt(dx, i, gapply_ps(ge, xe, m, l, a, b, c), gapply_ps(go, xo, m, l, a, b, c));
+    }
     for (; i + 8 <= n; i += 8)
         st8_nt(dx, i, gapply_ps(ld8(dy, i, dt), ld8(x, i, dt), m, l, a, b, c), dt);
     if (i < n) {
@@ -1282,6 +1388,11 @@ INLINE void gapply_run_nt_ps(const void *dy, const void *x, void *dx, int64_t n,
 INLINE void gapply_rows_nt_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
                               const cfbn_grad_f32 *p, int dt)
 {
+    if (eo_rows(dt, w)) {
+        gapply_rows_eo(dy, x, dx, rows, w, p, 1);
+        _mm_sfence();
+        return;
+    }
     const int64_t full = w & ~(int64_t)7, cnt = w - full;
     __m256 tm = _mm256_setzero_ps(), tl = tm, ta = tm, tb = tm, tc = tm;
     if (cnt) {
