@@ -91,6 +91,14 @@ INLINE __m128i narrow_ph(__m256 v, int dt)
     return _mm256_castsi256_si128(r);
 }
 
+/* a float's bits plus the bfloat16 rounding increment (no NaN) */
+INLINE __m256i round_bf16(__m256 v)
+{
+    __m256i b = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    return _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+}
+
 /* 16 floats (a, then b) -> 16 halfwords, as narrow_ph.  bfloat16: both
  * vectors rounded at once and packed together (packus keeps the lanes of a
  * 128-bit half together; the permute puts a's before b's), which takes half
@@ -99,11 +107,7 @@ INLINE __m128i narrow_ph(__m256 v, int dt)
 INLINE __m256i narrow2_ph(__m256 a, __m256 b, int dt)
 {
     if (dt == CFBN_BF16 && !_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_UNORD_Q))) {
-        const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
-        __m256i ia = _mm256_castps_si256(a), ib = _mm256_castps_si256(b);
-        ia = _mm256_add_epi32(ia, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(ia, 16), one)));
-        ib = _mm256_add_epi32(ib, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(ib, 16), one)));
-        __m256i r = _mm256_packus_epi32(_mm256_srli_epi32(ia, 16), _mm256_srli_epi32(ib, 16));
+        __m256i r = _mm256_packus_epi32(_mm256_srli_epi32(round_bf16(a), 16), _mm256_srli_epi32(round_bf16(b), 16));
         return _mm256_permute4x64_epi64(r, 0xd8);
     }
     return _mm256_set_m128i(narrow_ph(b, dt), narrow_ph(a, dt));
@@ -180,14 +184,6 @@ INLINE void ld16_eo(const void *p, int64_t i, __m256 *e, __m256 *o)
     *o = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
 }
 
-/* a float's bits plus the bfloat16 rounding increment (no NaN) */
-INLINE __m256i round_bf16(__m256 v)
-{
-    __m256i b = _mm256_castps_si256(v);
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-    return _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-}
-
 INLINE __m256i narrow16_eo(__m256 e, __m256 o)
 {
     if (_mm256_movemask_ps(_mm256_cmp_ps(e, o, _CMP_UNORD_Q))) {
@@ -235,7 +231,6 @@ static void eo_params(const float *const *v, int k, int64_t w, float *out)
         }
     }
 }
-
 
 /* Writes exactly cnt (1..7) elements: a neighbouring element may belong to
  * another thread's piece (or be the next row's input when y aliases x). */
@@ -1027,18 +1022,10 @@ INLINE void apply_uni_ps(const void *x, void *y, int64_t n, const __m256 *q, int
         else t0 = ld8(x, n - 16, dt), t1 = ld8(x, n - 8, dt);
     }
     if (dt == CFBN_BF16) {
-        int64_t i = 0;
-        for (; i + 32 <= body; i += 32) {
-            __m256 e0, o0, e1, o1;
-            ld16_eo(x, i, &e0, &o0);
-            ld16_eo(x, i + 16, &e1, &o1);
-            st16_eo(y, i, apply_ps(e0, q[0], q[1], q[2], q[3]), apply_ps(o0, q[0], q[1], q[2], q[3]));
-            st16_eo(y, i + 16, apply_ps(e1, q[0], q[1], q[2], q[3]), apply_ps(o1, q[0], q[1], q[2], q[3]));
-        }
-        if (i < body) {
-            __m256 e0, o0;
-            ld16_eo(x, i, &e0, &o0);
-            st16_eo(y, i, apply_ps(e0, q[0], q[1], q[2], q[3]), apply_ps(o0, q[0], q[1], q[2], q[3]));
+        for (int64_t i = 0; i < body; i += 16) {
+            __m256 e, o;
+            ld16_eo(x, i, &e, &o);
+            st16_eo(y, i, apply_ps(e, q[0], q[1], q[2], q[3]), apply_ps(o, q[0], q[1], q[2], q[3]));
         }
     } else {
         apply_flat_ps(x, y, body, q, dt);
@@ -2221,20 +2208,26 @@ INLINE void gstats_runs_ps(const void *dy, const void *x, int64_t n, const cfbn_
  * vectors at each position summed pairwise in float and widened once; the
  * runs left over and the rounding of k (as in stats_run_ps), checked once
  * on the totals.  Long runs go one by one through stats_run_ps. */
+/* Adds the sums of runs [r0, runs) to s, one run at a time: by stats_run_ps,
+ * or with pd by stats_run_pd (every element in double) */
+INLINE void stats_each_run(const void *x, int64_t n, int64_t r0, int64_t runs, int64_t st, double shift, int pd,
+                           double *s, int dt)
+{
+    for (int64_t r = r0; r < runs; r++) {
+        double one[2];
+        prefetch_next_run(elem_at(x, r * st, dt), n * (dt ? 2 : 4));
+        if (pd) stats_run_pd(elem_at(x, r * st, dt), n, shift, one, dt);
+        else stats_run_ps(elem_at(x, r * st, dt), n, shift, one, dt);
+        s[0] += one[0];
+        s[1] += one[1];
+    }
+}
+
 INLINE void stats_runs_ps(const void *x, int64_t n, int64_t runs, int64_t st, double shift, double *acc, int dt)
 {
-    const int64_t es = dt ? 2 : 4;
-    double s1 = 0.0, s2 = 0.0;
-    if (n > SHORT_RUN || (st * es) % 4096 == 0 || runs < 8) {
-        for (int64_t r = 0; r < runs; r++) {
-            double one[2];
-            prefetch_next_run(elem_at(x, r * st, dt), n * es);
-            stats_run_ps(elem_at(x, r * st, dt), n, shift, one, dt);
-            s1 += one[0];
-            s2 += one[1];
-        }
-        acc[0] = s1;
-        acc[1] = s2;
+    acc[0] = acc[1] = 0.0;
+    if (n > SHORT_RUN || (st * (dt ? 2 : 4)) % 4096 == 0 || runs < 8) {
+        stats_each_run(x, n, 0, runs, st, shift, 0, acc, dt);
         return;
     }
     const float kf = (float)shift;
@@ -2261,28 +2254,15 @@ INLINE void stats_runs_ps(const void *x, int64_t n, int64_t runs, int64_t st, do
             stats_block_add(&a, d);
         }
     }
-    s1 = hsum_pd(_mm256_add_pd(a.s1lo, a.s1hi));
-    s2 = hsum_pd(_mm256_add_pd(a.s2lo, a.s2hi));
-    for (; r < runs; r++) {
-        double one[2];
-        stats_run_pd(elem_at(x, r * st, dt), n, (double)kf, one, dt);
-        s1 += one[0];
-        s2 += one[1];
-    }
+    double s[2] = {hsum_pd(_mm256_add_pd(a.s1lo, a.s1hi)), hsum_pd(_mm256_add_pd(a.s2lo, a.s2hi))};
+    stats_each_run(x, n, r, runs, st, (double)kf, 1, s, dt);
     const double count = (double)n * (double)runs, e = (double)kf - shift, ne = count * e;
-    s2 += e * (2.0 * s1 + ne);
-    s1 += ne;
-    if (needs_double(s1, s2, count, -1.0, 1)) {
-        s1 = s2 = 0.0;
-        for (r = 0; r < runs; r++) {
-            double one[2];
-            stats_run_pd(elem_at(x, r * st, dt), n, shift, one, dt);
-            s1 += one[0];
-            s2 += one[1];
-        }
+    acc[0] = s[0] + ne;
+    acc[1] = s[1] + e * (2.0 * s[0] + ne);
+    if (needs_double(acc[0], acc[1], count, -1.0, 1)) {
+        acc[0] = acc[1] = 0.0;
+        stats_each_run(x, n, 0, runs, st, shift, 1, acc, dt);
     }
-    acc[0] = s1;
-    acc[1] = s2;
 }
 
 INLINE void gapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
