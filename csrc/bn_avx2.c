@@ -208,6 +208,21 @@ INLINE void st16_eo_nt(void *p, int64_t i, __m256 e, __m256 o)
     _mm_stream_si128(q + 1, _mm256_extracti128_si256(h, 1));
 }
 
+/* Reductions over runs a few pages long (NCHW planes) restart the hardware
+ * prefetchers at every page; a prefetch FLAT_PREFETCH_BYTES ahead of the line
+ * of element i keeps the stream going.  Called once per 16 elements.  The
+ * streaming bfloat16 loops (tensors far larger than the caches) fetch their
+ * inputs the same way: their widening and rounding keep the core busy
+ * enough that the hardware prefetchers alone leave the memory bus idle part
+ * of the time.  Measured on the normalization loop over 51M elements
+ * (103 MB), 2 threads, interleaved: 0.147 -> 0.135 and 0.131 -> 0.116 ns an
+ * element on average. */
+#define FLAT_PREFETCH_BYTES 4096
+INLINE void prefetch_ahead_of(const void *p, int64_t i, int dt)
+{
+    _mm_prefetch((const char *)p + (size_t)i * (dt ? 2 : 4) + FLAT_PREFETCH_BYTES, _MM_HINT_T0);
+}
+
 /* Rows of bfloat16 whose width is a multiple of 16 (and at most EO_MAX_W)
  * go through ld16_eo and st16_eo too, with the per-column parameters put in
  * the order of its lanes once per call: for each 16 columns from j, those
@@ -384,6 +399,7 @@ INLINE void apply_rows_eo(const void *x, void *y, int64_t rows, int64_t w, const
     eo_params(v, 4, w, q);
     for (int64_t i = 0, j = 0; i < rows * w; i += 16, j = j + 16 == w ? 0 : j + 16) {
         __m256 e, o;
+        if (nt) prefetch_ahead_of(x, i, CFBN_BF16);
         ld16_eo(x, i, &e, &o);
         e = apply_eo_ps(e, q, w, j);
         o = apply_eo_ps(o, q, w, j + 8);
@@ -400,6 +416,7 @@ INLINE void gapply_rows_eo(const void *dy, const void *x, void *dx, int64_t rows
     eo_params(v, 5, w, q);
     for (int64_t i = 0, j = 0; i < rows * w; i += 16, j = j + 16 == w ? 0 : j + 16) {
         __m256 ge, go, xe, xo;
+        if (nt) prefetch_ahead_of(dy, i, CFBN_BF16), prefetch_ahead_of(x, i, CFBN_BF16);
         ld16_eo(dy, i, &ge, &go);
         ld16_eo(x, i, &xe, &xo);
         xe = gapply_eo_ps(ge, xe, q, w, j);
@@ -567,15 +584,6 @@ INLINE void gstats_redo_columns(const void *dy, const void *x, int64_t rows, int
 
 /* ---- float-compute flat streams: 8-element blocks with an even index use the
  * first parameter set, odd blocks the second ---- */
-
-/* Reductions over runs a few pages long (NCHW planes) restart the hardware
- * prefetchers at every page; a prefetch FLAT_PREFETCH_BYTES ahead of the line
- * of element i keeps the stream going.  Called once per 16 elements. */
-#define FLAT_PREFETCH_BYTES 4096
-INLINE void prefetch_ahead_of(const void *p, int64_t i, int dt)
-{
-    _mm_prefetch((const char *)p + (size_t)i * (dt ? 2 : 4) + FLAT_PREFETCH_BYTES, _MM_HINT_T0);
-}
 
 /* sh: shift lanes lo, hi of even blocks, then of odd blocks */
 INLINE void stats_flat_ps(const void *x, int64_t n, const __m256d *sh, int dt, acc8 *ea, acc8 *oa)
@@ -1309,6 +1317,7 @@ INLINE void apply_run_nt_ps(const void *x, void *y, int64_t n, const cfbn_apply_
     if (i) st_part(y, 0, apply_ps(ld_part(x, 0, i, n, dt), m, l, a, b), i, dt);
     for (; dt == CFBN_BF16 && i + 16 <= n; i += 16) {
         __m256 e, o;
+        prefetch_ahead_of(x, i, CFBN_BF16);
         ld16_eo(x, i, &e, &o);
         st16_eo_nt(y, i, apply_ps(e, m, l, a, b), apply_ps(o, m, l, a, b));
     }
@@ -1359,6 +1368,7 @@ INLINE void gapply_run_nt_ps(const void *dy, const void *x, void *dx, int64_t n,
     if (i) st_part(dx, 0, gapply_ps(ld_part(dy, 0, i, n, dt), ld_part(x, 0, i, n, dt), m, l, a, b, c), i, dt);
     for (; dt == CFBN_BF16 && i + 16 <= n; i += 16) {
         __m256 ge, go, xe, xo;
+        prefetch_ahead_of(dy, i, CFBN_BF16), prefetch_ahead_of(x, i, CFBN_BF16);
         ld16_eo(dy, i, &ge, &go);
         ld16_eo(x, i, &xe, &xo);
         st16_eo_nt(dx, i, gapply_ps(ge, xe, m, l, a, b, c), gapply_ps(go, xo, m, l, a, b, c));
