@@ -199,13 +199,47 @@ INLINE void st16_eo(void *p, int64_t i, __m256 e, __m256 o)
     _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), narrow16_eo(e, o));
 }
 
-/* The same with non-temporal stores, p + i 16-byte aligned */
-INLINE void st16_eo_nt(void *p, int64_t i, __m256 e, __m256 o)
+/* 32 elements from p + i, 32-byte aligned, non-temporal: (e0, o0) and
+ * (e1, o1) as st16_eo's pairs, one 32-byte store each and one NaN test for
+ * both. */
+INLINE void narrow32_eo(__m256 e0, __m256 o0, __m256 e1, __m256 o1, __m256i *h0, __m256i *h1)
 {
-    __m256i h = narrow16_eo(e, o);
-    __m128i *q = (__m128i *)((uint16_t *)p + i);
-    _mm_stream_si128(q, _mm256_castsi256_si128(h));
-    _mm_stream_si128(q + 1, _mm256_extracti128_si256(h, 1));
+    __m256 nan = _mm256_or_ps(_mm256_cmp_ps(e0, o0, _CMP_UNORD_Q), _mm256_cmp_ps(e1, o1, _CMP_UNORD_Q));
+    if (_mm256_movemask_ps(nan)) {
+        *h0 = narrow16_eo(e0, o0);
+        *h1 = narrow16_eo(e1, o1);
+        return;
+    }
+    *h0 = _mm256_blend_epi16(_mm256_srli_epi32(round_bf16(e0), 16), round_bf16(o0), 0xaa);
+    *h1 = _mm256_blend_epi16(_mm256_srli_epi32(round_bf16(e1), 16), round_bf16(o1), 0xaa);
+}
+
+INLINE void st32_eo_nt(void *p, int64_t i, __m256 e0, __m256 o0, __m256 e1, __m256 o1)
+{
+    __m256i *q = (__m256i *)((uint16_t *)p + i), h0, h1;
+    narrow32_eo(e0, o0, e1, o1, &h0, &h1);
+    _mm256_stream_si256(q, h0);
+    _mm256_stream_si256(q + 1, h1);
+}
+
+/* Non-temporal stores of 16-element groups h written in order from p[0]
+ * (p 16-byte aligned), 32 bytes at a time: where p is 32-byte aligned each
+ * group by itself; where it is 16 bytes past (half), the upper half of the
+ * previous group (*prev) joined to the lower half of this one, the first
+ * group's lower half by itself, and st16_nt_seq_end stores the last upper
+ * half (n: the elements written). */
+INLINE void st16_nt_seq(void *p, int64_t i, __m256i h, int half, __m256i *prev)
+{
+    uint16_t *q = (uint16_t *)p + i;
+    if (!half) _mm256_stream_si256((__m256i *)q, h);
+    else if (i == 0) _mm_stream_si128((__m128i *)q, _mm256_castsi256_si128(h));
+    else _mm256_stream_si256((__m256i *)(q - 8), _mm256_permute2x128_si256(*prev, h, 0x21));
+    *prev = h;
+}
+
+INLINE void st16_nt_seq_end(void *p, int64_t n, int half, __m256i prev)
+{
+    if (half && n > 0) _mm_stream_si128((__m128i *)((uint16_t *)p + n - 8), _mm256_extracti128_si256(prev, 1));
 }
 
 /* Reductions over runs a few pages long (NCHW planes) restart the hardware
@@ -391,21 +425,39 @@ INLINE __m256 gapply_eo_ps(__m256 g, __m256 x, const float *q, int64_t w, int64_
 }
 
 /* bfloat16 rows as eo_rows allows; nt: non-temporal stores (rows 16-byte
- * aligned) */
+ * aligned) as st16_nt_seq's, the inputs prefetched once a line */
 INLINE void apply_rows_eo(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int nt)
 {
     float q[4 * EO_MAX_W];
     const float *const v[4] = {p->mhi, p->mlo, p->alpha, p->beta};
     eo_params(v, 4, w, q);
+    const int half = ((uintptr_t)y & 31) != 0;
+    __m256i prev = _mm256_setzero_si256();
+    if (nt && w % 32 == 0) {
+        for (int64_t i = 0, j = 0; i < rows * w; i += 32, j = j + 32 == w ? 0 : j + 32) {
+            __m256 e0, o0, e1, o1;
+            __m256i h0, h1;
+            prefetch_ahead_of(x, i, CFBN_BF16);
+            ld16_eo(x, i, &e0, &o0);
+            ld16_eo(x, i + 16, &e1, &o1);
+            narrow32_eo(apply_eo_ps(e0, q, w, j), apply_eo_ps(o0, q, w, j + 8), apply_eo_ps(e1, q, w, j + 16),
+                        apply_eo_ps(o1, q, w, j + 24), &h0, &h1);
+            st16_nt_seq(y, i, h0, half, &prev);
+            st16_nt_seq(y, i + 16, h1, half, &prev);
+        }
+        st16_nt_seq_end(y, rows * w, half, prev);
+        return;
+    }
     for (int64_t i = 0, j = 0; i < rows * w; i += 16, j = j + 16 == w ? 0 : j + 16) {
         __m256 e, o;
-        if (nt) prefetch_ahead_of(x, i, CFBN_BF16);
+        if (nt && !(i & 31)) prefetch_ahead_of(x, i, CFBN_BF16);
         ld16_eo(x, i, &e, &o);
         e = apply_eo_ps(e, q, w, j);
         o = apply_eo_ps(o, q, w, j + 8);
-        if (nt) st16_eo_nt(y, i, e, o);
+        if (nt) st16_nt_seq(y, i, narrow16_eo(e, o), half, &prev);
         else st16_eo(y, i, e, o);
     }
+    if (nt) st16_nt_seq_end(y, rows * w, half, prev);
 }
 
 INLINE void gapply_rows_eo(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
@@ -414,16 +466,36 @@ INLINE void gapply_rows_eo(const void *dy, const void *x, void *dx, int64_t rows
     float q[5 * EO_MAX_W];
     const float *const v[5] = {p->mhi, p->mlo, p->a, p->b, p->c};
     eo_params(v, 5, w, q);
+    const int half = ((uintptr_t)dx & 31) != 0;
+    __m256i prev = _mm256_setzero_si256();
+    if (nt && w % 32 == 0) {
+        for (int64_t i = 0, j = 0; i < rows * w; i += 32, j = j + 32 == w ? 0 : j + 32) {
+            __m256 ge0, go0, xe0, xo0, ge1, go1, xe1, xo1;
+            __m256i h0, h1;
+            prefetch_ahead_of(dy, i, CFBN_BF16), prefetch_ahead_of(x, i, CFBN_BF16);
+            ld16_eo(dy, i, &ge0, &go0);
+            ld16_eo(x, i, &xe0, &xo0);
+            ld16_eo(dy, i + 16, &ge1, &go1);
+            ld16_eo(x, i + 16, &xe1, &xo1);
+            narrow32_eo(gapply_eo_ps(ge0, xe0, q, w, j), gapply_eo_ps(go0, xo0, q, w, j + 8),
+                        gapply_eo_ps(ge1, xe1, q, w, j + 16), gapply_eo_ps(go1, xo1, q, w, j + 24), &h0, &h1);
+            st16_nt_seq(dx, i, h0, half, &prev);
+            st16_nt_seq(dx, i + 16, h1, half, &prev);
+        }
+        st16_nt_seq_end(dx, rows * w, half, prev);
+        return;
+    }
     for (int64_t i = 0, j = 0; i < rows * w; i += 16, j = j + 16 == w ? 0 : j + 16) {
         __m256 ge, go, xe, xo;
-        if (nt) prefetch_ahead_of(dy, i, CFBN_BF16), prefetch_ahead_of(x, i, CFBN_BF16);
+        if (nt && !(i & 31)) prefetch_ahead_of(dy, i, CFBN_BF16), prefetch_ahead_of(x, i, CFBN_BF16);
         ld16_eo(dy, i, &ge, &go);
         ld16_eo(x, i, &xe, &xo);
         xe = gapply_eo_ps(ge, xe, q, w, j);
         xo = gapply_eo_ps(go, xo, q, w, j + 8);
-        if (nt) st16_eo_nt(dx, i, xe, xo);
+        if (nt) st16_nt_seq(dx, i, narrow16_eo(xe, xo), half, &prev);
         else st16_eo(dx, i, xe, xo);
     }
+    if (nt) st16_nt_seq_end(dx, rows * w, half, prev);
 }
 
 /* ---- pairwise sums of 8 vectors in float ---- */
@@ -1302,6 +1374,12 @@ INLINE void st8_nt(void *p, int64_t i, __m256 v, int dt)
     _mm_stream_ps(q + 4, _mm256_extractf128_ps(v, 1));
 }
 
+/* 8 floats at p + i, 32-byte aligned, non-temporal: one store */
+INLINE void st8_nt32(float *p, int64_t i, __m256 v)
+{
+    _mm256_stream_ps(p + i, v);
+}
+
 /* elements before p reaches 16-byte alignment (p is element-aligned) */
 INLINE int64_t peel16(const void *p, int64_t n, int dt)
 {
@@ -1309,17 +1387,38 @@ INLINE int64_t peel16(const void *p, int64_t n, int dt)
     return k < n ? k : n;
 }
 
+/* floats before p reaches 32-byte alignment (p is float-aligned) */
+INLINE int64_t peel32_f32(const void *p, int64_t n)
+{
+    int64_t k = (int64_t)((32 - ((uintptr_t)p & 31)) & 31) / 4;
+    return k < n ? k : n;
+}
+
+/* The streaming run and rows loops store 32 bytes at a time (float: after a
+ * peel to 32-byte alignment; bfloat16: 32 elements a step, one NaN test and
+ * one prefetch a line), not two 16-byte halves: the core then keeps up with
+ * the memory bus better.  Measured through the driver, 2 threads, means of
+ * interleaved rounds: (64,64,112,112) NCHW training forward, bfloat16
+ * 10.70 -> 8.89 ms, float32 17.1 -> 15.5 ms; (64,112,112,64) NHWC bfloat16
+ * 11.6 -> 10.8 and 14.6 -> 12.5 ms in two sets. */
 INLINE void apply_run_nt_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]);
-    int64_t i = peel16(y, n, dt);
+    int64_t i = dt ? peel16(y, n, dt) : peel32_f32(y, n);
     if (i) st_part(y, 0, apply_ps(ld_part(x, 0, i, n, dt), m, l, a, b), i, dt);
-    for (; dt == CFBN_BF16 && i + 16 <= n; i += 16) {
-        __m256 e, o;
+    for (; !dt && i + 8 <= n; i += 8) st8_nt32((float *)y, i, apply_ps(ld8(x, i, dt), m, l, a, b));
+    if (dt == CFBN_BF16 && i + 8 <= n && ((uintptr_t)elem_at(y, i, dt) & 31)) {
+        st8_nt(y, i, apply_ps(ld8(x, i, dt), m, l, a, b), dt);
+        i += 8;
+    }
+    for (; dt == CFBN_BF16 && i + 32 <= n; i += 32) {
+        __m256 e0, o0, e1, o1;
         prefetch_ahead_of(x, i, CFBN_BF16);
-        ld16_eo(x, i, &e, &o);
-        st16_eo_nt(y, i, apply_ps(e, m, l, a, b), apply_ps(o, m, l, a, b));
+        ld16_eo(x, i, &e0, &o0);
+        ld16_eo(x, i + 16, &e1, &o1);
+        st32_eo_nt(y, i, apply_ps(e0, m, l, a, b), apply_ps(o0, m, l, a, b), apply_ps(e1, m, l, a, b),
+                   apply_ps(o1, m, l, a, b));
     }
     for (; i + 16 <= n; i += 16) {
         __m256 v0 = ld8(x, i, dt), v1 = ld8(x, i + 8, dt);
@@ -1364,14 +1463,23 @@ INLINE void gapply_run_nt_ps(const void *dy, const void *x, void *dx, int64_t n,
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
-    int64_t i = peel16(dx, n, dt);
+    int64_t i = dt ? peel16(dx, n, dt) : peel32_f32(dx, n);
     if (i) st_part(dx, 0, gapply_ps(ld_part(dy, 0, i, n, dt), ld_part(x, 0, i, n, dt), m, l, a, b, c), i, dt);
-    for (; dt == CFBN_BF16 && i + 16 <= n; i += 16) {
-        __m256 ge, go, xe, xo;
+    for (; !dt && i + 8 <= n; i += 8)
+        st8_nt32((float *)dx, i, gapply_ps(ld8(dy, i, dt), ld8(x, i, dt), m, l, a, b, c));
+    if (dt == CFBN_BF16 && i + 8 <= n && ((uintptr_t)elem_at(dx, i, dt) & 31)) {
+        st8_nt(dx, i, gapply_ps(ld8(dy, i, dt), ld8(x, i, dt), m, l, a, b, c), dt);
+        i += 8;
+    }
+    for (; dt == CFBN_BF16 && i + 32 <= n; i += 32) {
+        __m256 ge0, go0, xe0, xo0, ge1, go1, xe1, xo1;
         prefetch_ahead_of(dy, i, CFBN_BF16), prefetch_ahead_of(x, i, CFBN_BF16);
-        ld16_eo(dy, i, &ge, &go);
-        ld16_eo(x, i, &xe, &xo);
-        st16_eo_nt(dx, i, gapply_ps(ge, xe, m, l, a, b, c), gapply_ps(go, xo, m, l, a, b, c));
+        ld16_eo(dy, i, &ge0, &go0);
+        ld16_eo(x, i, &xe0, &xo0);
+        ld16_eo(dy, i + 16, &ge1, &go1);
+        ld16_eo(x, i + 16, &xe1, &xo1);
+        st32_eo_nt(dx, i, gapply_ps(ge0, xe0, m, l, a, b, c), gapply_ps(go0, xo0, m, l, a, b, c),
+                   gapply_ps(ge1, xe1, m, l, a, b, c), gapply_ps(go1, xo1, m, l, a, b, c));
     }
     for (; i + 8 <= n; i += 8)
         st8_nt(dx, i, gapply_ps(ld8(dy, i, dt), ld8(x, i, dt), m, l, a, b, c), dt);
