@@ -1387,17 +1387,13 @@ INLINE int64_t peel16(const void *p, int64_t n, int dt)
     return k < n ? k : n;
 }
 
-/* floats before p reaches 32-byte alignment (p is float-aligned) */
-INLINE int64_t peel32_f32(const void *p, int64_t n)
-{
-    int64_t k = (int64_t)((32 - ((uintptr_t)p & 31)) & 31) / 4;
-    return k < n ? k : n;
-}
-
-/* The streaming run and rows loops store 32 bytes at a time (float: after a
- * peel to 32-byte alignment; bfloat16: 32 elements a step, one NaN test and
- * one prefetch a line), not two 16-byte halves: the core then keeps up with
- * the memory bus better.  Measured through the driver, 2 threads, means of
+/* The streaming run and rows loops store 32 bytes at a time (float: where
+ * the output is 32-byte aligned after the 16-byte peel; bfloat16: 32
+ * elements a step, one NaN test and one prefetch a line), not two 16-byte
+ * halves: the core then keeps up with the memory bus better.  Float outputs
+ * 16 bytes past 32-byte alignment keep the 16-byte stores: peeling them
+ * further (a masked store at each run's start) made the same forward 11%
+ * slower.  Measured through the driver, 2 threads, means of
  * interleaved rounds: (64,64,112,112) NCHW training forward, bfloat16
  * 10.70 -> 8.89 ms, float32 17.1 -> 15.5 ms; (64,112,112,64) NHWC bfloat16
  * 11.6 -> 10.8 and 14.6 -> 12.5 ms in two sets. */
@@ -1405,9 +1401,10 @@ INLINE void apply_run_nt_ps(const void *x, void *y, int64_t n, const cfbn_apply_
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]);
-    int64_t i = dt ? peel16(y, n, dt) : peel32_f32(y, n);
+    int64_t i = peel16(y, n, dt);
     if (i) st_part(y, 0, apply_ps(ld_part(x, 0, i, n, dt), m, l, a, b), i, dt);
-    for (; !dt && i + 8 <= n; i += 8) st8_nt32((float *)y, i, apply_ps(ld8(x, i, dt), m, l, a, b));
+    if (!dt && !((uintptr_t)elem_at(y, i, dt) & 31))
+        for (; i + 8 <= n; i += 8) st8_nt32((float *)y, i, apply_ps(ld8(x, i, dt), m, l, a, b));
     if (dt == CFBN_BF16 && i + 8 <= n && ((uintptr_t)elem_at(y, i, dt) & 31)) {
         st8_nt(y, i, apply_ps(ld8(x, i, dt), m, l, a, b), dt);
         i += 8;
@@ -1463,10 +1460,11 @@ INLINE void gapply_run_nt_ps(const void *dy, const void *x, void *dx, int64_t n,
 {
     __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
     __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
-    int64_t i = dt ? peel16(dx, n, dt) : peel32_f32(dx, n);
+    int64_t i = peel16(dx, n, dt);
     if (i) st_part(dx, 0, gapply_ps(ld_part(dy, 0, i, n, dt), ld_part(x, 0, i, n, dt), m, l, a, b, c), i, dt);
-    for (; !dt && i + 8 <= n; i += 8)
-        st8_nt32((float *)dx, i, gapply_ps(ld8(dy, i, dt), ld8(x, i, dt), m, l, a, b, c));
+    if (!dt && !((uintptr_t)elem_at(dx, i, dt) & 31))
+        for (; i + 8 <= n; i += 8)
+            st8_nt32((float *)dx, i, gapply_ps(ld8(dy, i, dt), ld8(x, i, dt), m, l, a, b, c));
     if (dt == CFBN_BF16 && i + 8 <= n && ((uintptr_t)elem_at(dx, i, dt) & 31)) {
         st8_nt(dx, i, gapply_ps(ld8(dy, i, dt), ld8(x, i, dt), m, l, a, b, c), dt);
         i += 8;
