@@ -14,7 +14,9 @@
 # would report.
 #
 # Environment: PYTHON (default python), CC (default gcc), BUILD_DIR (default
-# build/sanitize), PYTEST_ARGS (extra pytest arguments, e.g. "-k forward").
+# build/sanitize), PYTEST_ARGS (extra pytest arguments, e.g. "-k forward"),
+# SANITIZE_PHASE (build: only the build; test: only the tests, on the build
+# a previous `build` left in BUILD_DIR; default both).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,6 +25,8 @@ CC=${CC:-gcc}
 BUILD_DIR=${BUILD_DIR:-$ROOT/build/sanitize}
 SRC=$BUILD_DIR/src
 LOG=$BUILD_DIR/log
+PHASE=${SANITIZE_PHASE:-all}
+case "$PHASE" in build|test|all) ;; *) echo "sanitize: SANITIZE_PHASE must be build, test or all, not '$PHASE'" >&2; exit 2 ;; esac
 SAN_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g1 -O1"
 
 asan_rt=$($CC -print-file-name=libasan.so)
@@ -34,22 +38,30 @@ for rt in "$asan_rt" "$ubsan_rt"; do
     fi
 done
 
-echo "sanitize: copying the sources to $SRC"
-rm -rf "$SRC" "$LOG"
-mkdir -p "$SRC" "$LOG"
-(cd "$ROOT" && tar cf - --exclude=__pycache__ --exclude='*.so' --exclude=cfbn/_kernels.c \
-    setup.py pyproject.toml csrc cfbn tests) | (cd "$SRC" && tar xf -)
+if [ "$PHASE" != test ]; then
+    echo "sanitize: copying the sources to $SRC"
+    rm -rf "$SRC" "$LOG"
+    mkdir -p "$SRC" "$LOG"
+    (cd "$ROOT" && tar cf - --exclude=__pycache__ --exclude='*.so' --exclude=cfbn/_kernels.c \
+        setup.py pyproject.toml csrc cfbn tests) | (cd "$SRC" && tar xf -)
 
-echo "sanitize: building with $SAN_FLAGS"
-# The -O1 of CFLAGS replaces setup.py's -O3: at -O3 the instrumented AVX2 file
-# alone takes many minutes to compile, and the sanitizers see the same accesses.
-# -g1: the line tables a report's stack trace needs, at half the compile time
-# of full debug info.
-(cd "$SRC" && CC=$CC CFLAGS="$SAN_FLAGS" LDFLAGS="-fsanitize=address,undefined" \
-    "$PYTHON" setup.py -q build_ext --inplace >"$LOG/build.txt" 2>&1) || {
-    cat "$LOG/build.txt" >&2
-    exit 1
-}
+    echo "sanitize: building with $SAN_FLAGS"
+    # The -O1 of CFLAGS replaces setup.py's -O3: at -O3 the instrumented AVX2 file
+    # alone takes many minutes to compile, and the sanitizers see the same accesses.
+    # -g1: the line tables a report's stack trace needs, at half the compile time
+    # of full debug info.
+    (cd "$SRC" && CC=$CC CFLAGS="$SAN_FLAGS" LDFLAGS="-fsanitize=address,undefined" \
+        "$PYTHON" setup.py -q build_ext --inplace >"$LOG/build.txt" 2>&1) || {
+        cat "$LOG/build.txt" >&2
+        exit 1
+    }
+    echo "sanitize: built"
+fi
+[ "$PHASE" != build ] || exit 0
+if ! ls "$SRC"/cfbn/_kernels*.so >/dev/null 2>&1; then
+    echo "sanitize: no build in $SRC (run with SANITIZE_PHASE=build first)" >&2
+    exit 2
+fi
 
 export LD_PRELOAD="$asan_rt $ubsan_rt"
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1:detect_stack_use_after_return=1
