@@ -724,6 +724,14 @@ static int64_t param_len(const plan *p, int layout)
  * sums, loses nothing to cancellation, and the SIMD kernels can form x - shift
  * exactly in float when |mean| >> std.  The estimate depends only on the data
  * and the shape. */
+static double finish_shift(const plan *p, double sum, int64_t k)
+{
+    double m = k > 0 && p->n > 0 ? sum / (double)k : 0.0;
+    /* a non-finite sample leaves the channel's sums non-finite anyway */
+    if (!isfinite(m)) m = 0.0;
+    return p->dtype == CFBN_F64 ? m : (double)(float)m;
+}
+
 static double channel_shift(const plan *p, const cfbn_shape *s, const void *x, int64_t c)
 {
     int first = s->layout == CFBN_CHANNELS_FIRST;
@@ -732,20 +740,47 @@ static double channel_shift(const plan *p, const cfbn_shape *s, const void *x, i
     double sum = 0.0;
     for (int64_t i = 0; i < k && p->n > 0; i++)
         sum += elem_get(x, p->dtype, first ? c * p->S + i : i * p->C + c);
-    double m = k > 0 && p->n > 0 ? sum / (double)k : 0.0;
-    /* a non-finite sample leaves the channel's sums non-finite anyway */
-    if (!isfinite(m)) m = 0.0;
-    return p->dtype == CFBN_F64 ? m : (double)(float)m;
+    return finish_shift(p, sum, k);
+}
+
+/* sum[c] += element c of the C-element row at x, for every c (one loop per
+ * dtype, which the compiler vectorizes) */
+static void add_row(double *restrict sum, const void *restrict x, int dt, int64_t C)
+{
+    if (dt == CFBN_F64) {
+        const double *v = x;
+        for (int64_t c = 0; c < C; c++) sum[c] += v[c];
+    } else if (dt == CFBN_F32) {
+        const float *v = x;
+        for (int64_t c = 0; c < C; c++) sum[c] += (double)v[c];
+    } else if (dt == CFBN_BF16) {
+        const uint16_t *v = x;
+        for (int64_t c = 0; c < C; c++) sum[c] += (double)cfbn_bf16_to_float(v[c]);
+    } else {
+        const uint16_t *v = x;
+        for (int64_t c = 0; c < C; c++) sum[c] += (double)cfbn_half_to_float(v[c]);
+    }
 }
 
 /* Every channel's shift, tiled to the parameter length; with fill 0 the
- * array only, for a caller that sets shift[c] itself (channels-first). */
+ * array only, for a caller that sets shift[c] itself (channels-first).
+ * Channels-last samples are added a row at a time, each channel's in the
+ * order channel_shift adds them (so the same values), without its chain of
+ * dependent additions or its column-order reads. */
 static double *make_shift(const plan *p, const cfbn_shape *s, const void *x, int fill)
 {
     int64_t len = param_len(p, s->layout);
     double *shift = malloc((size_t)(len > 0 ? len : 1) * sizeof(double));
     if (!shift || !fill) return shift;
-    for (int64_t c = 0; c < p->C; c++) shift[c] = channel_shift(p, s, x, c);
+    if (s->layout == CFBN_CHANNELS_FIRST || p->n == 0) {
+        for (int64_t c = 0; c < p->C; c++) shift[c] = channel_shift(p, s, x, c);
+    } else {
+        int64_t k = s->outer < SHIFT_SAMPLE ? s->outer : SHIFT_SAMPLE;
+        size_t es = p->dtype == CFBN_F64 ? 8 : p->dtype == CFBN_F32 ? 4 : 2;
+        for (int64_t c = 0; c < p->C; c++) shift[c] = 0.0;
+        for (int64_t i = 0; i < k; i++) add_row(shift, (const char *)x + (size_t)(i * p->C) * es, p->dtype, p->C);
+        for (int64_t c = 0; c < p->C; c++) shift[c] = finish_shift(p, shift[c], k);
+    }
     if (p->C > 0) repeat_block((char *)shift, sizeof(double), p->C, len);
     return shift;
 }
