@@ -259,9 +259,10 @@ INLINE void prefetch_ahead_of(const void *p, int64_t i, int dt)
 
 /* Rows of bfloat16 whose width is a multiple of 16 (and at most EO_MAX_W)
  * go through ld16_eo and st16_eo too, with the per-column parameters put in
- * the order of its lanes once per call: for each 16 columns from j, those
- * of the even lanes (columns j, j+2, ..., j+6, j+8, ..., j+14) at out[j..j+8)
- * and those of the odd lanes at out[j+8..j+16); k arrays of w each. */
+ * the order of its lanes once per call.  Each group of 16 columns from j
+ * gets 16 k floats at out[j k ..]: for each of the k arrays in turn, the
+ * values of the even lanes (columns j, j+2, ..., j+14), then those of the
+ * odd lanes, so that a row's loop walks one pointer through them. */
 #define EO_MAX_W 1024
 INLINE int eo_rows(int dt, int64_t w)
 {
@@ -270,13 +271,16 @@ INLINE int eo_rows(int dt, int64_t w)
 
 static void eo_params(const float *const *v, int k, int64_t w, float *out)
 {
-    for (int a = 0; a < k; a++, out += w) {
-        for (int64_t j = 0; j < w; j += 16) {
-            for (int l = 0; l < 8; l++) {
-                int64_t col = j + (l < 4 ? 2 * l : 8 + 2 * (l - 4));
-                out[j + l] = v[a][col];
-                out[j + 8 + l] = v[a][col + 1];
-            }
+    for (int64_t j = 0; j < w; j += 16) {
+        for (int a = 0; a < k; a++, out += 16) {
+            /* columns j..j+15 as lo and hi; the shuffle picks the even
+             * (0x88) or odd (0xdd) ones of each 128-bit half, the permute
+             * puts lo's before hi's */
+            __m256 lo = _mm256_loadu_ps(v[a] + j), hi = _mm256_loadu_ps(v[a] + j + 8);
+            __m256d ev = _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88));
+            __m256d od = _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xdd));
+            _mm256_storeu_ps(out, _mm256_castpd_ps(_mm256_permute4x64_pd(ev, 0xd8)));
+            _mm256_storeu_ps(out + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(od, 0xd8)));
         }
     }
 }
@@ -410,22 +414,37 @@ INLINE __m256 gapply_ps(__m256 g, __m256 x, __m256 mhi, __m256 mlo, __m256 a, __
     return _mm256_fmadd_ps(g, a, _mm256_fmadd_ps(centered_ps(x, mhi, mlo), b, c));
 }
 
-/* apply_ps and gapply_ps with parameters in eo_params's layout: arrays of
- * w, the 8 lanes at column slot j */
-INLINE __m256 apply_eo_ps(__m256 x, const float *q, int64_t w, int64_t j)
+/* apply_ps and gapply_ps with parameters in eo_params's layout: the group
+ * at q, h = 0 for the even lanes and 8 for the odd ones */
+INLINE __m256 apply_eo_ps(__m256 x, const float *q, int h)
 {
-    return apply_ps(x, _mm256_loadu_ps(q + j), _mm256_loadu_ps(q + w + j), _mm256_loadu_ps(q + 2 * w + j),
-                    _mm256_loadu_ps(q + 3 * w + j));
+    return apply_ps(x, _mm256_loadu_ps(q + h), _mm256_loadu_ps(q + 16 + h), _mm256_loadu_ps(q + 32 + h),
+                    _mm256_loadu_ps(q + 48 + h));
 }
 
-INLINE __m256 gapply_eo_ps(__m256 g, __m256 x, const float *q, int64_t w, int64_t j)
+INLINE __m256 gapply_eo_ps(__m256 g, __m256 x, const float *q, int h)
 {
-    return gapply_ps(g, x, _mm256_loadu_ps(q + j), _mm256_loadu_ps(q + w + j), _mm256_loadu_ps(q + 2 * w + j),
-                     _mm256_loadu_ps(q + 3 * w + j), _mm256_loadu_ps(q + 4 * w + j));
+    return gapply_ps(g, x, _mm256_loadu_ps(q + h), _mm256_loadu_ps(q + 16 + h), _mm256_loadu_ps(q + 32 + h),
+                     _mm256_loadu_ps(q + 48 + h), _mm256_loadu_ps(q + 64 + h));
 }
 
-/* bfloat16 rows as eo_rows allows; nt: non-temporal stores (rows 16-byte
- * aligned) as st16_nt_seq's, the inputs prefetched once a line */
+/* Stores the 32 elements h0, h1 at y[i..]: regular stores, or (nt)
+ * non-temporal ones as st16_nt_seq's */
+INLINE void st32_eo_seq(void *y, int64_t i, __m256i h0, __m256i h1, int nt, int half, __m256i *prev)
+{
+    if (nt) {
+        st16_nt_seq(y, i, h0, half, prev);
+        st16_nt_seq(y, i + 16, h1, half, prev);
+        return;
+    }
+    _mm256_storeu_si256((__m256i *)((uint16_t *)y + i), h0);
+    _mm256_storeu_si256((__m256i *)((uint16_t *)y + i + 16), h1);
+}
+
+/* bfloat16 rows as eo_rows allows, row by row with one pointer through the
+ * parameters; widths of a multiple of 32 take two groups at a time with one
+ * NaN test.  nt: non-temporal stores (rows 16-byte aligned) as
+ * st16_nt_seq's, the inputs prefetched once a line. */
 INLINE void apply_rows_eo(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int nt)
 {
     float q[4 * EO_MAX_W];
@@ -433,29 +452,31 @@ INLINE void apply_rows_eo(const void *x, void *y, int64_t rows, int64_t w, const
     eo_params(v, 4, w, q);
     const int half = ((uintptr_t)y & 31) != 0;
     __m256i prev = _mm256_setzero_si256();
-    if (nt && w % 32 == 0) {
-        for (int64_t i = 0, j = 0; i < rows * w; i += 32, j = j + 32 == w ? 0 : j + 32) {
-            __m256 e0, o0, e1, o1;
-            __m256i h0, h1;
-            prefetch_ahead_of(x, i, CFBN_BF16);
-            ld16_eo(x, i, &e0, &o0);
-            ld16_eo(x, i + 16, &e1, &o1);
-            narrow32_eo(apply_eo_ps(e0, q, w, j), apply_eo_ps(o0, q, w, j + 8), apply_eo_ps(e1, q, w, j + 16),
-                        apply_eo_ps(o1, q, w, j + 24), &h0, &h1);
-            st16_nt_seq(y, i, h0, half, &prev);
-            st16_nt_seq(y, i + 16, h1, half, &prev);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        const float *g = q;
+        if (w % 32 == 0) {
+            for (int64_t i = o; i < o + w; i += 32, g += 128) {
+                __m256 e0, o0, e1, o1;
+                __m256i h0, h1;
+                if (nt) prefetch_ahead_of(x, i, CFBN_BF16);
+                ld16_eo(x, i, &e0, &o0);
+                ld16_eo(x, i + 16, &e1, &o1);
+                narrow32_eo(apply_eo_ps(e0, g, 0), apply_eo_ps(o0, g, 8), apply_eo_ps(e1, g + 64, 0),
+                            apply_eo_ps(o1, g + 64, 8), &h0, &h1);
+                st32_eo_seq(y, i, h0, h1, nt, half, &prev);
+            }
+            continue;
         }
-        st16_nt_seq_end(y, rows * w, half, prev);
-        return;
-    }
-    for (int64_t i = 0, j = 0; i < rows * w; i += 16, j = j + 16 == w ? 0 : j + 16) {
-        __m256 e, o;
-        if (nt && !(i & 31)) prefetch_ahead_of(x, i, CFBN_BF16);
-        ld16_eo(x, i, &e, &o);
-        e = apply_eo_ps(e, q, w, j);
-        o = apply_eo_ps(o, q, w, j + 8);
-        if (nt) st16_nt_seq(y, i, narrow16_eo(e, o), half, &prev);
-        else st16_eo(y, i, e, o);
+        for (int64_t i = o; i < o + w; i += 16, g += 64) {
+            __m256 e, od;
+            if (nt && !(i & 31)) prefetch_ahead_of(x, i, CFBN_BF16);
+            ld16_eo(x, i, &e, &od);
+            e = apply_eo_ps(e, g, 0);
+            od = apply_eo_ps(od, g, 8);
+            if (nt) st16_nt_seq(y, i, narrow16_eo(e, od), half, &prev);
+            else st16_eo(y, i, e, od);
+        }
     }
     if (nt) st16_nt_seq_end(y, rows * w, half, prev);
 }
@@ -468,32 +489,34 @@ INLINE void gapply_rows_eo(const void *dy, const void *x, void *dx, int64_t rows
     eo_params(v, 5, w, q);
     const int half = ((uintptr_t)dx & 31) != 0;
     __m256i prev = _mm256_setzero_si256();
-    if (nt && w % 32 == 0) {
-        for (int64_t i = 0, j = 0; i < rows * w; i += 32, j = j + 32 == w ? 0 : j + 32) {
-            __m256 ge0, go0, xe0, xo0, ge1, go1, xe1, xo1;
-            __m256i h0, h1;
-            prefetch_ahead_of(dy, i, CFBN_BF16), prefetch_ahead_of(x, i, CFBN_BF16);
-            ld16_eo(dy, i, &ge0, &go0);
-            ld16_eo(x, i, &xe0, &xo0);
-            ld16_eo(dy, i + 16, &ge1, &go1);
-            ld16_eo(x, i + 16, &xe1, &xo1);
-            narrow32_eo(gapply_eo_ps(ge0, xe0, q, w, j), gapply_eo_ps(go0, xo0, q, w, j + 8),
-                        gapply_eo_ps(ge1, xe1, q, w, j + 16), gapply_eo_ps(go1, xo1, q, w, j + 24), &h0, &h1);
-            st16_nt_seq(dx, i, h0, half, &prev);
-            st16_nt_seq(dx, i + 16, h1, half, &prev);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        const float *g = q;
+        if (w % 32 == 0) {
+            for (int64_t i = o; i < o + w; i += 32, g += 160) {
+                __m256 ge0, go0, xe0, xo0, ge1, go1, xe1, xo1;
+                __m256i h0, h1;
+                if (nt) prefetch_ahead_of(dy, i, CFBN_BF16), prefetch_ahead_of(x, i, CFBN_BF16);
+                ld16_eo(dy, i, &ge0, &go0);
+                ld16_eo(x, i, &xe0, &xo0);
+                ld16_eo(dy, i + 16, &ge1, &go1);
+                ld16_eo(x, i + 16, &xe1, &xo1);
+                narrow32_eo(gapply_eo_ps(ge0, xe0, g, 0), gapply_eo_ps(go0, xo0, g, 8),
+                            gapply_eo_ps(ge1, xe1, g + 80, 0), gapply_eo_ps(go1, xo1, g + 80, 8), &h0, &h1);
+                st32_eo_seq(dx, i, h0, h1, nt, half, &prev);
+            }
+            continue;
         }
-        st16_nt_seq_end(dx, rows * w, half, prev);
-        return;
-    }
-    for (int64_t i = 0, j = 0; i < rows * w; i += 16, j = j + 16 == w ? 0 : j + 16) {
-        __m256 ge, go, xe, xo;
-        if (nt && !(i & 31)) prefetch_ahead_of(dy, i, CFBN_BF16), prefetch_ahead_of(x, i, CFBN_BF16);
-        ld16_eo(dy, i, &ge, &go);
-        ld16_eo(x, i, &xe, &xo);
-        xe = gapply_eo_ps(ge, xe, q, w, j);
-        xo = gapply_eo_ps(go, xo, q, w, j + 8);
-        if (nt) st16_nt_seq(dx, i, narrow16_eo(xe, xo), half, &prev);
-        else st16_eo(dx, i, xe, xo);
+        for (int64_t i = o; i < o + w; i += 16, g += 80) {
+            __m256 ge, go, xe, xo;
+            if (nt && !(i & 31)) prefetch_ahead_of(dy, i, CFBN_BF16), prefetch_ahead_of(x, i, CFBN_BF16);
+            ld16_eo(dy, i, &ge, &go);
+            ld16_eo(x, i, &xe, &xo);
+            xe = gapply_eo_ps(ge, xe, g, 0);
+            xo = gapply_eo_ps(go, xo, g, 8);
+            if (nt) st16_nt_seq(dx, i, narrow16_eo(xe, xo), half, &prev);
+            else st16_eo(dx, i, xe, xo);
+        }
     }
     if (nt) st16_nt_seq_end(dx, rows * w, half, prev);
 }
@@ -882,6 +905,7 @@ INLINE void stats_run_ps(const void *x, int64_t n, double shift, double *acc, in
  * column whose float sums left float's range is summed again in double at
  * the end (needs_double). */
 
+#define SHIFT_BUF 1024
 INLINE __m256 shift_ps(const double *shift)
 {
     return _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(shift + 4)), _mm256_cvtpd_ps(_mm256_loadu_pd(shift)));
@@ -935,12 +959,17 @@ INLINE void stats_rows8_ps(const void *x, int64_t rows, int64_t w, const double 
 {
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
     const size_t es = dt ? 2 : 4;
+    /* the shifts rounded to float once per call where they fit */
+    float kf[SHIFT_BUF];
+    const int have_kf = w <= SHIFT_BUF;
+    if (have_kf)
+        for (int64_t j = 0; j < w; j += 8) _mm256_storeu_ps(kf + j, shift_ps(shift + j));
     int64_t r = 0;
     for (; r + 8 <= rows; r += 8) {
         const int64_t o = r * w;
         for (int64_t j = 0; j < w; j += 8) {
             prefetch_group(x, o, j, es);
-            __m256 k = shift_ps(shift + j);
+            __m256 k = have_kf ? _mm256_loadu_ps(kf + j) : shift_ps(shift + j);
             __m256 d[8];
             for (int i = 0; i < 8; i++) d[i] = _mm256_sub_ps(ld8(x, o + i * w + j, dt), k);
             add_block(acc, w, j, tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]),
