@@ -397,11 +397,21 @@ INLINE void gstats_step(acc8 *a, __m256 g, __m256 d)
     a->s2hi = _mm256_fmadd_pd(ghi, hi_pd(d), a->s2hi);
 }
 
+/* a - b as a fused multiply-add, a * 1 - b: the same single rounding, so the
+ * same bits, but on the multiply-add units.  The sums' loops keep the add
+ * units busy with their additions; a subtraction moved off them lets the
+ * two kinds of unit share the work (measured on AVX2 Zen 4: rows and run
+ * statistics, run apply). */
+INLINE __m256 sub_ps(__m256 a, __m256 b)
+{
+    return _mm256_fmsub_ps(a, _mm256_set1_ps(1.0f), b);
+}
+
 /* Two subtractions in this order: x - mhi is exact when x is near the mean
  * (Sterbenz), so a mean much larger than the spread loses nothing. */
 INLINE __m256 centered_ps(__m256 x, __m256 mhi, __m256 mlo)
 {
-    return _mm256_sub_ps(_mm256_sub_ps(x, mhi), mlo);
+    return sub_ps(sub_ps(x, mhi), mlo);
 }
 
 INLINE __m256 apply_ps(__m256 x, __m256 mhi, __m256 mlo, __m256 al, __m256 be)
@@ -738,12 +748,12 @@ INLINE void gstats_flat_ps(const void *dy, const void *x, int64_t n, const __m25
         __m256 g[8], d[8];
         for (int k = 0; k < 8; k++) {
             g[k] = ld8(dy, i + 16 * k, dt);
-            d[k] = _mm256_sub_ps(ld8(x, i + 16 * k, dt), m[0]);
+            d[k] = sub_ps(ld8(x, i + 16 * k, dt), m[0]);
         }
         gstats_tree_step(&a, g, d, m[1]);
         for (int k = 0; k < 8; k++) {
             g[k] = ld8(dy, i + 16 * k + 8, dt);
-            d[k] = _mm256_sub_ps(ld8(x, i + 16 * k + 8, dt), m[2]);
+            d[k] = sub_ps(ld8(x, i + 16 * k + 8, dt), m[2]);
         }
         gstats_tree_step(&b, g, d, m[3]);
     }
@@ -875,7 +885,7 @@ INLINE void stats_run_ps(const void *x, int64_t n, double shift, double *acc, in
         } else {
             for (int r = 0; r < 8; r++) d[r] = ld8(x, i + 8 * r, dt);
         }
-        for (int r = 0; r < 8; r++) d[r] = _mm256_sub_ps(d[r], k);
+        for (int r = 0; r < 8; r++) d[r] = sub_ps(d[r], k);
         stats_block_add(&a, d);
     }
     double rest[2] = {0.0, 0.0};
@@ -971,7 +981,7 @@ INLINE void stats_rows8_ps(const void *x, int64_t rows, int64_t w, const double 
             prefetch_group(x, o, j, es);
             __m256 k = have_kf ? _mm256_loadu_ps(kf + j) : shift_ps(shift + j);
             __m256 d[8];
-            for (int i = 0; i < 8; i++) d[i] = _mm256_sub_ps(ld8(x, o + i * w + j, dt), k);
+            for (int i = 0; i < 8; i++) d[i] = sub_ps(ld8(x, o + i * w + j, dt), k);
             add_block(acc, w, j, tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]),
                       sq_tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]));
         }
@@ -1028,8 +1038,8 @@ INLINE void gstats_rows8_ps(const void *dy, const void *x, int64_t rows, int64_t
             __m256 s[4], q[4];
             for (int k = 0; k < 4; k++) {
                 __m256 g0 = ld8(bd + 2 * k * rs, 0, dt), g1 = ld8(bd + (2 * k + 1) * rs, 0, dt);
-                __m256 u0 = _mm256_sub_ps(ld8(bx + 2 * k * rs, 0, dt), m);
-                __m256 u1 = _mm256_sub_ps(ld8(bx + (2 * k + 1) * rs, 0, dt), m);
+                __m256 u0 = sub_ps(ld8(bx + 2 * k * rs, 0, dt), m);
+                __m256 u1 = sub_ps(ld8(bx + (2 * k + 1) * rs, 0, dt), m);
                 s[k] = _mm256_add_ps(g0, g1);
                 q[k] = _mm256_fmadd_ps(g1, u1, _mm256_mul_ps(g0, u0));
             }
@@ -2387,7 +2397,7 @@ INLINE void stats_runs_ps(const void *x, int64_t n, int64_t runs, int64_t st, do
     for (; r + 8 <= runs; r += 8) {
         __m256 d[8];
         for (int64_t i = 0; i < full; i += 8) {
-            for (int j = 0; j < 8; j++) d[j] = _mm256_sub_ps(ld8(x, (r + j) * st + i, dt), k);
+            for (int j = 0; j < 8; j++) d[j] = sub_ps(ld8(x, (r + j) * st + i, dt), k);
             stats_block_add(&a, d);
         }
         if (cnt && full) {
