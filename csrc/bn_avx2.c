@@ -2193,11 +2193,23 @@ INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, v
     tail_params_ps(v, 7, full, cnt, t);
     /* blocks of 8 rows, each 8-column group's 7 parameters loaded once per
      * block (loaded per row, they outnumber the data loads); one row at a
-     * time with streaming stores, which must fill each line in turn */
+     * time with streaming stores, which must fill each line in turn.  A
+     * block's loads come from 8 rows at once, which the hardware
+     * prefetchers follow poorly from DRAM: each column group prefetches its
+     * share of the inputs ahead, as gstats_rows8_ps does (measured on 25088
+     * rows of 128, relu, one thread: 1.00 -> 0.40 ns an element, the plain
+     * gapply_rows 0.38). */
     const int64_t kb = nt ? 1 : 8;
+    const size_t es = dt ? 2 : 4;
     for (int64_t r = 0; r < rows; r += kb) {
         const int64_t kr = rows - r < kb ? rows - r : kb, o = r * w;
         for (int64_t j = 0; j < full; j += 8) {
+            if (kr == 8) {
+                prefetch_group_l2(dy, o, j, es);
+                prefetch_group_l2(x, o, j, es);
+                if (hs) prefetch_group_l2(side, o, j, es);
+                prefetch_group_l2(dx, o, j, es);
+            }
             __m256 q[7];
             col_params_ps(v, 7, j, q);
             for (int64_t k = 0; k < kr; k++) {
