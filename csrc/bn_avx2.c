@@ -3121,7 +3121,8 @@ INLINE void ggapply_run_ps(const void *dy, const void *x, const void *ggx, void 
 }
 
 /* Several runs of one channel, regular stores: the parameters broadcast
- * once, each run prefetching the next's inputs. */
+ * once, each run prefetching the next's inputs, and its outputs' lines with
+ * intent to write (as gapply_runs_ps). */
 INLINE void ggapply_runs_ps(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t n,
                             const cfbn_gg_f32 *p, int dt)
 {
@@ -3133,6 +3134,10 @@ INLINE void ggapply_runs_ps(const void *dy, const void *x, const void *ggx, void
         prefetch_next_run(g, n * es);
         prefetch_next_run(u, n * es);
         prefetch_next_run(q, n * es);
+        if (k + 1 < p->runs) {
+            prefetch_run_out(elem_at(ddy, (k + 1) * st, dt), n * es);
+            prefetch_run_out(elem_at(dx, (k + 1) * st, dt), n * es);
+        }
         ggapply_flat_ps(g, u, q, (void *)elem_at(ddy, k * st, dt), (void *)elem_at(dx, k * st, dt), n, c, dt, 0);
     }
 }
