@@ -2209,6 +2209,10 @@ INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, v
                 prefetch_group_l2(x, o, j, es);
                 if (hs) prefetch_group_l2(side, o, j, es);
                 prefetch_group_l2(dx, o, j, es);
+            } else if (nt && !((o + j) & (int64_t)(64 / es - 1))) {
+                prefetch_ahead_of(dy, o + j, dt);
+                prefetch_ahead_of(x, o + j, dt);
+                if (hs) prefetch_ahead_of(side, o + j, dt);
             }
             __m256 q[7];
             col_params_ps(v, 7, j, q);
