@@ -747,6 +747,8 @@ INLINE void gstats_flat_ps(const void *dy, const void *x, int64_t n, const __m25
     for (; tree && i + 128 <= n; i += 128) {
         __m256 g[8], d[8];
         for (int k = 0; k < 8; k++) {
+            prefetch_ahead_of(dy, i + 16 * k, dt);
+            prefetch_ahead_of(x, i + 16 * k, dt);
             g[k] = ld8(dy, i + 16 * k, dt);
             d[k] = sub_ps(ld8(x, i + 16 * k, dt), m[0]);
         }
@@ -2064,6 +2066,11 @@ INLINE void fgstats_tree_vec(const void *dy, const void *x, const void *side, in
         for (int h = 0; h < 2; h++) {
             for (int k = 0; k < 8; k++) {
                 int64_t e0 = i + 16 * k + 8 * h;
+                if (!h) {
+                    prefetch_ahead_of(x, e0, dt);
+                    prefetch_ahead_of(dy, e0, dt);
+                    if (hs) prefetch_ahead_of(side, e0, dt);
+                }
                 __m256 x0 = ld8(x, e0, dt), s0 = hs ? ld8(side, e0, dt) : z;
                 g[k] = fused_g_ps(ld8(dy, e0, dt), x0, s0, q, kind, hs, al);
                 d[k] = _mm256_sub_ps(x0, q[0]);
@@ -2879,6 +2886,11 @@ INLINE void ggstats_flat_ps(const void *dy, const void *x, const void *ggx, int6
     acc5 a = acc5_zero(), b = acc5_zero(), c, d;
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
+        for (int64_t e = i; e < i + 64; e += 16) {
+            prefetch_ahead_of(dy, e, dt);
+            prefetch_ahead_of(x, e, dt);
+            prefetch_ahead_of(ggx, e, dt);
+        }
         gg_block_ps(dy, x, ggx, i, 8, n, 0, 8, 8, 8, m, l, dt, &c, &d);
         a = acc5_add(a, c);
         b = acc5_add(b, d);
