@@ -183,7 +183,8 @@ static int per_channel(const plan *p, int tensors, int side)
 {
     if (p->layout != CFBN_CHANNELS_FIRST) return 0;
     int64_t slice = p->n * (int64_t)cfbn_storage_size(p->dtype) * tensors;
-    return cfbn_route_per_channel(p->G, p->planes, slice, p->C, side);
+    /* the forward reads one tensor, the gradients two or three */
+    return cfbn_route_per_channel(p->G, p->planes, slice, p->C, side, tensors > 1);
 }
 
 /* Channels-first: the piece g of channel c covers the channel's elements

@@ -56,6 +56,18 @@
  * us, (32,64,56,56) 2786 -> 2282 us; outputs bit for bit the same.  Hence
  * the 8 MB floor. */
 #define CHANNEL_PASS_MIN_BYTES ((int64_t)8 << 20)
+/* The gradient passes (sums of dy and x, then dx from both) go a channel at
+ * a time from 1 MB: read twice plane by plane, their two or three tensors
+ * leave a 2 MB L2 before the second read comes, where a channel's slice is
+ * still there.  Measured on a 2 MB-L2 machine, float32 NCHW, interleaved,
+ * plane order -> channel by channel, gradient at 1 / 2 threads:
+ * (8,32,32,32) 190-207 -> 154-157 / 80-84 -> 68-72 us; (8,64,32,32)
+ * 453 -> 308-329 / 204-205 -> 165-168 us; (16,64,16,16) 188-202 -> 147-165 /
+ * 80-84 -> 78 us; (4,32,32,32) 69-72 -> 64-71 / 39-40 -> 34-35 us.  The
+ * forward's one tensor does not gain at that size: (8,32,32,32) 85-92 ->
+ * 93-99 / 42-44 -> 46 us, (8,64,32,32) 231-233 -> 204 / 92-93 -> 96-106 us,
+ * so it keeps the 8 MB floor.  Same bits either way. */
+#define CHANNEL_PASS_MIN_BYTES_GRAD ((int64_t)1 << 20)
 /* Small planes with a side input go pass by pass instead, the elementwise
  * pass in memory order: a channel's planes of side, C*S elements apart (often
  * a multiple of the page size), would compete for the few cache sets that
@@ -83,11 +95,11 @@ int cfbn_route_flat(int64_t S)
     return S >= FLAT_MIN_PLANE;
 }
 
-int cfbn_route_per_channel(int64_t pieces, int planes, int64_t slice, int64_t C, int side)
+int cfbn_route_per_channel(int64_t pieces, int planes, int64_t slice, int64_t C, int side, int grad)
 {
     if (pieces != 1) return 0;
     if (!planes) return !side;
-    return slice <= CHANNEL_PASS_MAX_SLICE && slice * C >= CHANNEL_PASS_MIN_BYTES;
+    return slice <= CHANNEL_PASS_MAX_SLICE && slice * C >= (grad ? CHANNEL_PASS_MIN_BYTES_GRAD : CHANNEL_PASS_MIN_BYTES);
 }
 
 /* ---- tables ---- */

@@ -72,7 +72,8 @@ int cfbn_route_flat(int64_t S);
  * output.  pieces: pieces per channel; planes: cfbn_route_plane_order's
  * answer; slice: bytes of one channel in all tensors read; C channels;
  * side: a forward pass reads a fused side input too (the gradient passes
- * 0: bn_route.c). */
-int cfbn_route_per_channel(int64_t pieces, int planes, int64_t slice, int64_t C, int side);
+ * 0: bn_route.c); grad: a gradient pass (first or second order), whose
+ * floor is lower than the forward's. */
+int cfbn_route_per_channel(int64_t pieces, int planes, int64_t slice, int64_t C, int side, int grad);
 
 #endif
