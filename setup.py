@@ -34,7 +34,8 @@ from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 from setuptools.errors import CompileError, LinkError
 
-BASE_SOURCES = ["csrc/bn_scalar.c", "csrc/bn_route.c", "csrc/bn_driver.c", "csrc/dispatch.c", "csrc/out_cache.c"]
+BASE_SOURCES = ["csrc/bn_scalar.c", "csrc/bn_route.c", "csrc/bn_driver.c", "csrc/dispatch.c", "csrc/out_cache.c",
+                "csrc/c_api.c"]
 OPT_FLAGS = [] if re.search(r"(^|\s)-O", os.environ.get("CFLAGS", "")) else ["-O3"]
 COMMON_FLAGS = OPT_FLAGS + ["-std=c11", "-fno-math-errno", "-fvisibility=hidden"]
 
@@ -139,13 +140,16 @@ class BuildExt(build_ext):
 
 
 class BuildPy(build_py):
-    """Ship csrc/bn_math.h inside the package: the CuPy kernels include it."""
+    """Ship csrc/bn_math.h inside the package (the CuPy kernels include it), and
+    csrc/c_api.h (cfbn.torch's operator, compiled on first use, includes it)."""
 
     def run(self):
         super().run()
         target = os.path.join(self.build_lib, "cfbn")
         os.makedirs(target, exist_ok=True)
         self.copy_file(os.path.join("csrc", "bn_math.h"), os.path.join(target, "bn_math.h"))
+        # and csrc/c_api.h beside cfbn.torch's operator source, which includes it
+        self.copy_file(os.path.join("csrc", "c_api.h"), os.path.join(target, "torch", "c_api.h"))
 
 
 extensions = [

@@ -9,14 +9,17 @@ a batch of calls:
 - ``raw``: ``cfbn.fused_batch_norm`` and ``cfbn.fused_batch_norm_grad`` on
   NumPy views of the same memory (the kernels and cfbn's own Python);
 - ``cfbn.torch``: ``cfbn.torch.BatchNorm2d`` forward and backward (eager:
-  a plain ``autograd.Function``);
+  the C++ operator and its C++ autograd node, cfbn/torch/_native.cpp);
+- ``cfbn.torch, Python bridge``: the same with the C++ operator set aside
+  (as ``CFBN_TORCH_NATIVE=0``): a plain ``autograd.Function`` in Python;
 - ``operator``: ``torch.ops.cfbn.batch_norm`` with its registered autograd,
   called eagerly (what a compiled graph runs, without the compiler);
 - ``nn``: ``nn.BatchNorm2d`` forward and backward.
 
 Printed: the minimum over rounds of each (the least disturbed), and the
 bridge, ``cfbn.torch - floor - raw``: what the PyTorch glue adds beyond
-autograd's own cost and the NumPy call.
+autograd's own cost and the NumPy call (which includes cfbn's argument
+checks in Python, which the C++ operator does in C++).
 
     python benchmarks/torch_overhead.py [--shape 8x16x8x8] [--threads 1] [--rounds 15]
 """
@@ -28,6 +31,7 @@ import torch.nn as nn
 
 import cfbn
 import cfbn.torch as ct
+from cfbn.torch import _native
 from _bench_common import BUSY, CpuMeter, cpu_model, interleaved
 
 
@@ -63,6 +67,18 @@ def calls(shape):
         clear(x, w, b)
         ours(x).backward(dy)
 
+    native = _native.get()
+    if native is None:
+        sys.exit("the C++ operator is not available (CFBN_TORCH_NATIVE=0, or its build failed)")
+
+    def python_bridge():
+        _native._module = None
+        try:
+            clear(x, w, b)
+            ours(x).backward(dy)
+        finally:
+            _native._module = native
+
     def operator():
         clear(x, w, b)
         y = torch.ops.cfbn.batch_norm(x, w, b, rm, rv, None, True, 0.1, 1e-5, None, None, None)[0]
@@ -72,7 +88,8 @@ def calls(shape):
         clear(x, ref.weight, ref.bias)
         ref(x).backward(dy)
 
-    return {"floor": floor, "raw": raw, "cfbn.torch": bridge, "operator": operator,
+    return {"floor": floor, "raw": raw, "cfbn.torch": bridge,
+            "cfbn.torch, Python bridge": python_bridge, "operator": operator,
             "nn": torch_nn}
 
 
@@ -100,6 +117,8 @@ def main(argv=None):
         print("| %s | %.1f |" % (name, best[name] * 1e6))
     print("| bridge: cfbn.torch - floor - raw | %.1f |"
           % ((best["cfbn.torch"] - best["floor"] - best["raw"]) * 1e6))
+    print("| Python bridge: cfbn.torch, Python bridge - floor - raw | %.1f |"
+          % ((best["cfbn.torch, Python bridge"] - best["floor"] - best["raw"]) * 1e6))
     print("| operator - floor - raw | %.1f |"
           % ((best["operator"] - best["floor"] - best["raw"]) * 1e6))
     if others is not None and others > BUSY:

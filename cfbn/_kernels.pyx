@@ -78,6 +78,8 @@ cdef extern from "cfbn.h":
                         const void *scale, const double *mean, const double *variance,
                         double epsilon, const double *sum_dy, const double *sum_dy_xhat,
                         double count, void *dx) nogil
+    void cfbn_c_api_select(const cfbn_kernels *k)
+    const void *cfbn_c_api_get()
     int cfbn_openmp_enabled()
     int cfbn_openmp_max_threads()
     int cfbn_threads_init()
@@ -152,6 +154,7 @@ def select_isa(name, source="isa"):
                          % (source, name, name, ", ".join(supported_isas())))
     _table = cfbn_isa_table(isa)
     _isa = isa
+    cfbn_c_api_select(_table)
 
 
 def openmp_enabled():
@@ -947,3 +950,9 @@ def fast_grad_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2, grad_
                       reserve_space_1, reserve_space_2, eps, grad_x_backprop,
                       grad_scale_backprop, grad_offset_backprop, ddy, dx, dscale)
     return _grad_grad_result(ddy, dx, dscale)
+
+
+# ---- the C API for other extensions (csrc/c_api.h) ----
+# The driver's entry points on the selected table, for cfbn.torch's
+# operator, which calls them from C++ without Python in between.
+c_api = PyCapsule_New(<void *>cfbn_c_api_get(), b"cfbn._kernels.c_api", NULL)

@@ -411,6 +411,12 @@ int cfbn_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, 
                     const void *scale, const double *mean, const double *variance, double epsilon,
                     const double *sum_dy, const double *sum_dy_xhat, double count, void *dx);
 
+/* c_api.c: the cfbn_c_api table of c_api.h (returned as const void *, so
+ * that this header does not need that one), calling the driver above with
+ * the kernel table last passed to cfbn_c_api_select. */
+void cfbn_c_api_select(const cfbn_kernels *k);
+const void *cfbn_c_api_get(void);
+
 /* Threads: n_threads and the default (OMP_NUM_THREADS or the core count)
  * are capped at CFBN_MAX_THREADS; in the child of a fork() every call runs on
  * one thread.  cfbn_threads_init registers the fork handler (once; 0 or -1). */

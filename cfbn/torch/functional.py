@@ -1,7 +1,8 @@
 """cfbn.torch.batch_norm: torch.nn.functional.batch_norm on cfbn's kernels."""
 import torch
 
-from . import _bridge, _eager, ops
+from .. import _args
+from . import _bridge, _eager, _native, ops
 
 
 def _verify_batch_size(size):
@@ -81,6 +82,18 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         return y
     factor = ops.momentum_factor(momentum, num_batches_tracked) if training else 0.0
     eps = float(eps)
+    native = _native.get()
+    if native is not None and type(input) is torch.Tensor:
+        # The C++ operator, which returns None for what it leaves to the bridge.
+        act, act_alpha = (0, 0.0) if activation is None else _args.activation(activation, alpha)
+        try:
+            y = native.batch_norm(input, weight, bias, running_mean, running_var, side_input,
+                                  bool(training), factor, eps, act, act_alpha, activation,
+                                  None if alpha is None else float(alpha))
+        except TypeError:
+            y = None  # an argument that is no tensor: the bridge's checks name it
+        if y is not None:
+            return y
     if torch.is_grad_enabled() and (input.requires_grad
                                     or (weight is not None and weight.requires_grad)
                                     or (bias is not None and bias.requires_grad)

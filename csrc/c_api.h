@@ -1,0 +1,68 @@
+/* cfbn's C API for other compiled extensions (cfbn.torch's operator).
+ *
+ * cfbn._kernels exports one `cfbn_c_api` table in the capsule named
+ * CFBN_C_API_CAPSULE (the attribute `c_api` of cfbn._kernels).  A client
+ * gets it with PyCapsule_Import, checks `version`, and calls the driver
+ * through it, without linking against cfbn: the kernels are the ones the
+ * Python calls run, with the ISA cfbn selected at import (or a test
+ * selected since).
+ *
+ * This header stands alone (only <stdint.h> and <stddef.h>): it is copied
+ * into the installed package, where csrc/ is not.  The entries take a
+ * tensor's shape and fusion as plain arguments and mean what
+ * cfbn_forward_training, cfbn_forward_inference and cfbn_backward of
+ * cfbn.h mean; arguments are not checked (the client validates them, as
+ * cfbn._args does for the Python calls).
+ *
+ *   dtype      enum cfbn_dtype: 0 float32, 1 float64, 2 float16, 3 bfloat16
+ *   layout     enum cfbn_layout: 0 channels last (outer = rows, inner = 1),
+ *              1 channels first (outer = N, inner = the plane)
+ *   n_threads  >= 1, or 0 for cfbn's default
+ *   act        enum cfbn_activation (0: none), alpha its parameter; side the
+ *              residual input (NULL: none); the gradient's offset is needed
+ *              when act != 0 and side_grad (NULL: not wanted) gets dy * act'.
+ *
+ * Each returns 0, or -1 when scratch memory could not be allocated.
+ */
+#ifndef CFBN_C_API_H
+#define CFBN_C_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CFBN_C_API_VERSION 1
+#define CFBN_C_API_CAPSULE "cfbn._kernels.c_api"
+
+typedef struct {
+    int version;  /* CFBN_C_API_VERSION */
+    int (*forward_training)(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
+                            int n_threads, const void *x, const void *scale, const void *offset,
+                            const void *mean, const void *variance, double epsilon, double factor,
+                            void *y, void *batch_mean, void *batch_variance, void *saved_mean,
+                            void *saved_variance, int act, double alpha, const void *side);
+    int (*forward_inference)(int dtype, int layout, int64_t outer, int64_t channels,
+                             int64_t inner, int n_threads, const void *x, const void *scale,
+                             const void *offset, const void *mean, const void *variance,
+                             double epsilon, void *y, void *saved_mean, void *saved_variance,
+                             int act, double alpha, const void *side);
+    int (*backward)(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
+                    int n_threads, int training, const void *dy, const void *x, const void *scale,
+                    const void *saved_mean, const void *saved_variance, double epsilon, void *dx,
+                    void *scale_backprop, void *offset_backprop, int act, double alpha,
+                    const void *side, const void *offset, void *side_grad);
+    /* A buffer for a large output from cfbn's output cache (out_cache.h), or
+     * NULL when nbytes is not worth caching (the client allocates it); a
+     * buffer it gave goes back through output_free with the same nbytes. */
+    void *(*output_alloc)(size_t nbytes);
+    void (*output_free)(void *p, size_t nbytes);
+} cfbn_c_api;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
