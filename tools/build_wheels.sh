@@ -96,7 +96,7 @@ echo "$SDIST"
 step "sdist contents: every csrc/*.c, csrc/*.h, cfbn/*.pyx; no generated C, no .so"
 listing=$(tar -tzf "$SDIST" | sed 's#^[^/]*/##')
 missing=()
-for f in $(cd "$STAGE" && ls csrc/*.c csrc/*.h cfbn/*.pyx cfbn/*.py setup.py pyproject.toml); do
+for f in $(cd "$STAGE" && ls csrc/*.c csrc/*.h cfbn/*.pyx cfbn/*.py cfbn/torch/_native.cpp setup.py pyproject.toml); do
     grep -qx "$f" <<<"$listing" || missing+=("$f")
 done
 [ ${#missing[@]} -eq 0 ] || die "sdist lacks: ${missing[*]}"
@@ -237,7 +237,7 @@ for ver in "${PY_VERSIONS[@]}"; do
     done
 done
 
-step "wheel contents: one extension of the right CPython and machine; no .c, no .pyx"
+step "wheel contents: one extension of the right CPython and machine; no .c, no .pyx; the run-time compiled sources"
 "$HOST_PYTHON" - "$RAW"/*/cfbn-*.whl <<'PY'
 import re, sys, zipfile
 ELF_MACHINE = {"x86_64": 62, "aarch64": 183}
@@ -248,6 +248,9 @@ for path in sys.argv[1:]:
         names = z.namelist()
         bad = [n for n in names if n.endswith((".c", ".pyx"))]
         assert not bad, f"{path} carries sources: {bad}"
+        # compiled at run time: the CuPy kernels' header, cfbn.torch's operator and its header
+        lacks = {"cfbn/bn_math.h", "cfbn/torch/_native.cpp", "cfbn/torch/c_api.h"} - set(names)
+        assert not lacks, f"{path} lacks {sorted(lacks)}"
         sos = [n for n in names if n.endswith(".so")]
         assert sos == [f"cfbn/_kernels.cpython-{abi}-{arch}-linux-gnu.so"], sos
         head = z.read(sos[0])[:20]

@@ -3,7 +3,7 @@
 cfbn's wheels cannot carry code compiled against PyTorch (each PyTorch
 release has its own C++ ABI), so the operator is compiled against the
 installed PyTorch by ``torch.utils.cpp_extension`` the first time an eager
-``cfbn.torch`` call needs it (about a minute; it says so on stderr), and
+``cfbn.torch`` call needs it (about 30 s on two cores; it says so on stderr), and
 loaded from the cache every time after.  It needs a C++ compiler and ninja
 (``pip install cfbn[torch]`` installs ninja).
 
@@ -11,7 +11,7 @@ loaded from the cache every time after.  It needs a C++ compiler and ninja
   ``~/.cache/cfbn``; one folder per source, PyTorch and Python version.
 - ``CFBN_TORCH_NATIVE=0`` never builds or loads it: every call goes through
   the Python bridge (cfbn.torch._bridge), which computes the same bits at
-  about 80 microseconds more per forward and backward.
+  about 40 microseconds more per forward and backward.
 - A build that fails warns once (RuntimeWarning, with the reason) and
   leaves the Python bridge in use.
 """
@@ -60,7 +60,7 @@ def _build():
     build = _build_dir([source, os.path.join(include, "c_api.h")])
     os.makedirs(build, exist_ok=True)
     if not os.path.exists(os.path.join(build, NAME + ".so")):
-        print("cfbn.torch: compiling the C++ operator into %s (once; about a minute)" % build,
+        print("cfbn.torch: compiling the C++ operator into %s (once; about 30 s on two cores)" % build,
               file=sys.stderr, flush=True)
     import cfbn._kernels  # noqa: F401  (the capsule the operator imports)
     return cpp_extension.load(NAME, [source], extra_include_paths=[include],
@@ -79,7 +79,7 @@ def get():
         _module = _build()
     except Exception as exc:  # a compiler, ninja or header missing: the bridge still works
         warnings.warn("cfbn.torch: the C++ operator could not be built (%s: %s); the Python "
-                      "bridge computes every call, at about 80 us more per forward and "
+                      "bridge computes every call, at about 40 us more per forward and "
                       "backward.  CFBN_TORCH_NATIVE=0 skips the build."
                       % (type(exc).__name__, str(exc).strip().splitlines()[-1:] or ""),
                       RuntimeWarning, stacklevel=3)
