@@ -166,6 +166,8 @@ def _error(fn):
 
 def test_bad_arguments_raise_what_the_bridge_raises(native):
     x = torch.randn(2, 3, 4, 4)
+    rm, both, w = torch.zeros(3), torch.zeros(6), torch.rand(3) + 0.5
+    x_before, w_before = x.clone(), w.clone()
     bad = {
         "channels": lambda: ct.BatchNorm2d(4)(x),
         "weight dtype": lambda: ct.batch_norm(x, None, None, torch.ones(3, dtype=torch.float64),
@@ -182,6 +184,13 @@ def test_bad_arguments_raise_what_the_bridge_raises(native):
         "running statistics' dtype": lambda: ct.batch_norm(
             x, torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64),
             training=True),
+        "running statistics in one tensor": lambda: ct.batch_norm(x, rm, rm, training=True),
+        "running statistics overlapping": lambda: ct.batch_norm(x, both[:3], both[2:5],
+                                                                training=True),
+        "running mean in the weight": lambda: ct.batch_norm(x, w, torch.ones(3), w,
+                                                            training=True),
+        "running statistics inside x": lambda: ct.batch_norm(
+            x, x.view(-1)[:3], x.view(-1)[3:6], training=True),
         "one running statistic": lambda: ct.batch_norm(x, torch.zeros(3), None, training=True),
         "inference without statistics": lambda: ct.batch_norm(x, None, None, training=False),
         "int input": lambda: ct.BatchNorm2d(3)(torch.ones(2, 3, 4, 4, dtype=torch.int32)),
@@ -192,6 +201,9 @@ def test_bad_arguments_raise_what_the_bridge_raises(native):
         assert ours is not None, what
         assert ours == theirs, what
         assert calls == (0, 0), what
+    # the refused calls wrote nothing
+    assert torch.equal(x, x_before) and torch.equal(w, w_before)
+    assert not rm.any() and not both.any()
 
 
 def test_its_output_may_be_modified_in_place(native):

@@ -133,6 +133,28 @@ bool plain_tensor(const at::Tensor &t)
         && !t.is_conj() && !t.is_neg() && !t.key_set().has_any(wrapped);
 }
 
+// The bytes a tensor's elements lie in, [lo, hi); empty for none.
+struct Span {
+    uintptr_t lo, hi;
+};
+
+Span span_of(const at::Tensor &t)
+{
+    if (!t.defined() || t.numel() == 0)
+        return {0, 0};
+    int64_t last = 0;
+    for (int64_t d = 0; d < t.dim(); ++d)
+        last += (t.size(d) - 1) * t.stride(d);
+    uintptr_t lo = (uintptr_t)t.data_ptr();
+    return {lo, lo + (uintptr_t)((last + 1) * t.element_size())};
+}
+
+bool overlap(const at::Tensor &a, const at::Tensor &b)
+{
+    Span p = span_of(a), q = span_of(b);
+    return p.lo < q.hi && q.lo < p.hi;
+}
+
 const void *ptr(const at::Tensor &t)
 {
     return t.defined() ? t.data_ptr() : nullptr;
@@ -380,6 +402,17 @@ py::object batch_norm(const at::Tensor &x, const c10::optional<at::Tensor> &weig
         return py::none();
     if (!(eps >= 0.0 && std::isfinite(eps)) || !(factor >= 0.0 && factor <= 1.0))
         return py::none();
+    // The running statistics are written in place: memory they share with
+    // each other or with an input is the validator's error to name.
+    if (training && running_mean.defined()) {
+        for (const at::Tensor *out : {&running_mean, &running_var})
+            for (const at::Tensor *in : std::initializer_list<const at::Tensor *>{
+                     &x, &weight, &bias, &side})
+                if (overlap(*out, *in))
+                    return py::none();
+        if (overlap(running_mean, running_var))
+            return py::none();
+    }
     bool grad = at::GradMode::is_enabled()
         && (x.requires_grad() || (weight.defined() && weight.requires_grad())
             || (bias.defined() && bias.requires_grad())
