@@ -146,7 +146,8 @@ class BuildPy(build_py):
     def run(self):
         super().run()
         target = os.path.join(self.build_lib, "cfbn")
-        os.makedirs(target, exist_ok=True)
+        # an editable build runs this with no package copied into build_lib
+        os.makedirs(os.path.join(target, "torch"), exist_ok=True)
         self.copy_file(os.path.join("csrc", "bn_math.h"), os.path.join(target, "bn_math.h"))
         # and csrc/c_api.h beside cfbn.torch's operator source, which includes it
         self.copy_file(os.path.join("csrc", "c_api.h"), os.path.join(target, "torch", "c_api.h"))
