@@ -21,6 +21,12 @@ prints the median step time of each and its ratio to the original's.
 
     python benchmarks/torch_resnet.py [--batch 32] [--size 112] [--steps 8]
                                       [--threads 2] [--formats nchw,channels_last]
+
+``--profile`` instead profiles the original alone and prints the share of
+its forward + backward that batch norm, its ReLUs and the residual adds
+take: 1 minus that bounds from below the step time any batch norm can give
+the converted model (run it on a quiet machine: it is one profile, not
+interleaved rounds).
 """
 import argparse
 import copy
@@ -153,6 +159,41 @@ def timed(trainers, args):
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
+# The original's batch norms, their ReLUs and the residual adds: what
+# convert(fuse=True) replaces.  Everything else (convolutions, pooling, the
+# loss) the converted model runs as the original does.
+BN_OPS = ("aten::native_batch_norm", "aten::native_batch_norm_backward",
+          "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit_functional",
+          "aten::_batch_norm_with_update", "aten::batch_norm_backward", "aten::relu_",
+          "aten::relu", "aten::clamp_min_", "aten::clamp_min", "aten::threshold_backward",
+          "aten::add_", "aten::add")
+
+
+def bn_share(trainer, args):
+    """The share of the original's forward + backward (the optimizer left
+    out, so that its own add_ calls are not counted) spent in BN_OPS: self
+    CPU time over two profiled passes.  With batch norm, ReLU and the adds
+    free, a whole step would take at least 1 minus it (more: the optimizer's
+    time is not in the share's denominator)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    data = list(batches(2, args))
+    model, fmt = trainer.model, trainer.memory_format
+
+    def forward_backward(x, labels):
+        model.zero_grad(set_to_none=True)
+        trainer.loss_fn(model(x.to(memory_format=fmt)), labels).backward()
+
+    forward_backward(*data[0])
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for x, labels in data:
+            forward_backward(x, labels)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    bn = sum(e.self_cpu_time_total for e in events if e.key in BN_OPS)
+    return bn / total
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=32)
@@ -162,9 +203,24 @@ def main(argv=None):
                     help="steps after the first whose losses are compared")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--formats", default="nchw,channels_last")
+    ap.add_argument("--profile", action="store_true",
+                    help="only profile the original: batch norm's (with its ReLUs and adds) "
+                         "share of a step, and so the least step time a faster batch norm "
+                         "can give")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     formats = {"nchw": torch.contiguous_format, "channels_last": torch.channels_last}
+    if args.profile:
+        print("ResNet-18, batch %d, 3x%dx%d, %d threads, SGD; torch %s; %s\n"
+              % (args.batch, args.size, args.size, args.threads, torch.__version__, cpu_model()))
+        print("| memory format | batch norm, ReLU and adds: share of the original's forward + "
+              "backward | least step time (of the original's) if they were free |")
+        print("|---|---:|---:|")
+        for fmt in args.formats.split(","):
+            torch.manual_seed(0)
+            share = bn_share(Trainer(ResNet18(), formats[fmt]), args)
+            print("| %s | %.1f%% | %.3f |" % (fmt, 100 * share, 1 - share))
+        return 0
     print("ResNet-18, batch %d, 3x%dx%d, %d threads, SGD; torch %s; %s"
           % (args.batch, args.size, args.size, args.threads, torch.__version__, cpu_model()))
     print("\n| memory format | check: first loss, first grads, losses (drop-in / fused) "

@@ -16,7 +16,7 @@ def _close(got, want):
     that to every element of a tensor, so the allowance follows the
     tensor's largest magnitude (gradients of 10-100 differ by a few 1e-5
     between two float32 runs, against a float64 run as much as each other)."""
-    scale = max(1.0, float(want.abs().max()))
+    scale = max(1.0, float(want.detach().abs().max()))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale)
 
 
