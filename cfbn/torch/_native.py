@@ -78,9 +78,13 @@ def get():
     try:
         _module = _build()
     except Exception as exc:  # a compiler, ninja or header missing: the bridge still works
+        # a failed compile's message is the whole build log: name its first
+        # diagnostic (or the shell's complaint), else its last line
+        lines = str(exc).strip().splitlines() or [""]
+        reason = next((line.strip() for line in lines
+                       if "error:" in line or "not found" in line), lines[-1])
         warnings.warn("cfbn.torch: the C++ operator could not be built (%s: %s); the Python "
                       "bridge computes every call, at about 40 us more per forward and "
                       "backward.  CFBN_TORCH_NATIVE=0 skips the build."
-                      % (type(exc).__name__, str(exc).strip().splitlines()[-1:] or ""),
-                      RuntimeWarning, stacklevel=3)
+                      % (type(exc).__name__, reason), RuntimeWarning, stacklevel=3)
     return _module
