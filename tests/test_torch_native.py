@@ -1,7 +1,8 @@
 """cfbn.torch's C++ operator (cfbn/torch/_native.cpp) against the Python bridge.
 
-The eager calls of cfbn.torch run the C++ operator where it takes the call
-and the Python bridge otherwise; both must give the same bits, the same
+The eager calls of cfbn.torch, and the implementations of the torch.ops.cfbn
+forward and gradient operators, run the C++ kernels' entry where it takes
+the call and the Python bridge otherwise; both must give the same bits, the same
 memory formats and the same errors.  Each comparison runs a call twice on
 the same data, once with the operator and once with it set aside (as
 CFBN_TORCH_NATIVE=0 does), and counts the operator's kernel calls to show
@@ -47,28 +48,35 @@ def _run(native, use, fn):
     return out, (after[0] - before[0], after[1] - before[1])
 
 
+def _inputs(shape, dtype, memory, side, affine, running, seed):
+    """x (in `memory`), weight, bias, running mean and variance, side input
+    (each None where not asked for) and an upstream gradient."""
+    g = torch.Generator().manual_seed(seed)
+    vd = torch.float64 if dtype is torch.float64 else torch.float32
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 3 + 5).to(dtype)
+    if memory == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last if x.dim() == 4
+                         else torch.channels_last_3d)
+    elif memory == "transposed":
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    elif memory == "strided":
+        x = torch.cat([x, x], 2)[:, :, ::2]
+    x.requires_grad_()
+    c = shape[1]
+    w = (torch.rand(c, generator=g) + 0.5).to(vd).requires_grad_() if affine else None
+    b = torch.randn(c, generator=g).to(vd).requires_grad_() if affine else None
+    rm = torch.randn(c, generator=g).to(vd) if running else None
+    rv = (torch.rand(c, generator=g) + 0.5).to(vd) if running else None
+    s = (torch.randn(shape, generator=g).to(dtype).requires_grad_() if side else None)
+    dy = torch.randn(shape, generator=g).to(dtype)
+    return x, w, b, rm, rv, s, dy
+
+
 def _case(shape, dtype, memory, activation, side, training, affine, running, seed=1):
     """A forward and backward of ct.batch_norm: the outputs, gradients and
     running statistics it gives."""
     def fn():
-        g = torch.Generator().manual_seed(seed)
-        vd = torch.float64 if dtype is torch.float64 else torch.float32
-        x = (torch.randn(shape, generator=g, dtype=torch.float64) * 3 + 5).to(dtype)
-        if memory == "channels_last":
-            x = x.contiguous(memory_format=torch.channels_last if x.dim() == 4
-                             else torch.channels_last_3d)
-        elif memory == "transposed":
-            x = x.transpose(1, 2).contiguous().transpose(1, 2)
-        elif memory == "strided":
-            x = torch.cat([x, x], 2)[:, :, ::2]
-        x.requires_grad_()
-        c = shape[1]
-        w = (torch.rand(c, generator=g) + 0.5).to(vd).requires_grad_() if affine else None
-        b = torch.randn(c, generator=g).to(vd).requires_grad_() if affine else None
-        rm = torch.randn(c, generator=g).to(vd) if running else None
-        rv = (torch.rand(c, generator=g) + 0.5).to(vd) if running else None
-        s = (torch.randn(shape, generator=g).to(dtype).requires_grad_() if side else None)
-        dy = torch.randn(shape, generator=g).to(dtype)
+        x, w, b, rm, rv, s, dy = _inputs(shape, dtype, memory, side, affine, running, seed)
         y = ct.batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5, activation=activation,
                           side_input=s)
         y.backward(dy)
@@ -118,6 +126,26 @@ def test_operator_gives_the_bridges_bits(native, shape, memory, dtype, activatio
             continue  # inference needs running statistics
         fn = _case(shape, dtype, memory, activation, side, training, affine, running)
         _compare(native, fn, (side, training, affine, running))
+
+
+def _op_case(shape, memory, dtype, training, running):
+    """torch.ops.cfbn.batch_norm and its registered gradient (what compiled
+    graphs run): every output and gradient."""
+    def fn():
+        x, w, b, rm, rv, s, dy = _inputs(shape, dtype, memory, True, True, running, 2)
+        y, sm, sv, nm, nv = torch.ops.cfbn.batch_norm(x, w, b, rm, rv, None, training, 0.1,
+                                                      1e-5, "relu", None, s)
+        y.backward(dy)
+        return {"y": y, "save_mean": sm, "save_var": sv, "new_mean": nm, "new_var": nv,
+                "x.grad": x.grad, "weight.grad": w.grad, "bias.grad": b.grad, "side.grad": s.grad}
+    return fn
+
+
+@pytest.mark.parametrize("shape, memory", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_operators_give_the_bridges_bits(native, shape, memory, dtype):
+    for training, running in [(True, True), (True, False), (False, True)]:
+        _compare(native, _op_case(shape, memory, dtype, training, running), (training, running))
 
 
 def test_large_outputs_come_from_the_output_cache(native):

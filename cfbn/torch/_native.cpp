@@ -16,6 +16,11 @@
 // A backward called with create_graph=True (a gradient to be differentiated
 // again) is handed to the bridge's differentiable backward
 // (cfbn.torch._eager.BatchNormBackwardFunction), with the GIL taken.
+//
+// forward_op and backward_op are the kernels of the operators
+// torch.ops.cfbn.batch_norm and batch_norm_backward (cfbn/torch/ops.py, what
+// compiled graphs call), under the same rules: the forward returns the new
+// running statistics in new tensors instead of writing them.
 #include <torch/extension.h>
 
 #include <atomic>
@@ -206,11 +211,14 @@ struct Options {
     c10::optional<double> alpha_arg;
 };
 
-// The forward of a checked call: (y, save_mean, save_var).
+// The forward of a checked call: (y, save_mean, save_var).  In training
+// with running statistics, their new values go to new_mean and new_var: the
+// running tensors themselves (an update in place) or new ones.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernels(
     const at::Tensor &x0, const at::Tensor &weight, const at::Tensor &bias,
     const at::Tensor &running_mean, const at::Tensor &running_var, const at::Tensor &side0,
-    bool training, double factor, double eps, int act, double alpha)
+    bool training, double factor, double eps, int act, double alpha, const at::Tensor &new_mean,
+    const at::Tensor &new_var)
 {
     Kind kind = layout_kind(x0);
     at::Tensor x = kind == OTHER ? x0.contiguous() : x0;
@@ -234,14 +242,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernels(
                                         save_mean.data_ptr(), save_var.data_ptr(), act, alpha,
                                         ptr(side));
         } else if (update) {
-            // the running statistics are read (unless replaced) and written in place
+            // the running statistics are read unless replaced (factor 1)
             const void *m = factor != 1.0 ? running_mean.data_ptr() : nullptr;
             const void *v = factor != 1.0 ? running_var.data_ptr() : nullptr;
             rc = api->forward_training(s.dtype, s.layout, s.outer, s.channels, s.inner, 0,
                                        ptr(x), ptr(scale), ptr(offset), m, v, eps, factor,
-                                       y.data_ptr(), running_mean.data_ptr(),
-                                       running_var.data_ptr(), save_mean.data_ptr(),
-                                       save_var.data_ptr(), act, alpha, ptr(side));
+                                       y.data_ptr(), new_mean.data_ptr(), new_var.data_ptr(),
+                                       save_mean.data_ptr(), save_var.data_ptr(), act, alpha,
+                                       ptr(side));
         } else {
             rc = api->forward_training(s.dtype, s.layout, s.outer, s.channels, s.inner, 0,
                                        ptr(x), ptr(scale), ptr(offset), nullptr, nullptr, eps,
@@ -338,7 +346,7 @@ struct BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
         at::Tensor weight = present(weight_), bias = present(bias_), side = present(side_);
         at::Tensor running_mean = present(running_mean_), running_var = present(running_var_);
         auto r = forward_kernels(x, weight, bias, running_mean, running_var, side, o.training,
-                                 factor, o.eps, o.act, o.alpha);
+                                 factor, o.eps, o.act, o.alpha, running_mean, running_var);
         // x and the parameters through save_for_backward, so that modifying
         // them in place before the backward is an error; the statistics are ours.
         ctx->save_for_backward({x, weight, bias, side});
@@ -373,6 +381,40 @@ struct BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
     }
 };
 
+// Whether the kernels can take a forward call as it is.  in_place: the
+// running statistics are written where they are, so memory they share with
+// each other or with an input is the validator's error to name.
+bool takes(const at::Tensor &x, const at::Tensor &weight, const at::Tensor &bias,
+           const at::Tensor &running_mean, const at::Tensor &running_var,
+           const at::Tensor &side, bool training, double factor, double eps, bool in_place)
+{
+    int64_t nd = x.dim();
+    if (!plain_tensor(x) || dtype_code(x.scalar_type()) < 0 || nd < 2 || nd > 5
+        || x.numel() == 0)
+        return false;
+    at::ScalarType vdt = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    int64_t channels = x.size(1);
+    for (const at::Tensor *v : {&weight, &bias, &running_mean, &running_var})
+        if (v->defined() && !plain_vector(*v, vdt, channels))
+            return false;
+    if (running_mean.defined() != running_var.defined() || (!training && !running_mean.defined()))
+        return false;
+    if (side.defined() && (!plain_tensor(side) || side.scalar_type() != x.scalar_type()
+                           || side.sizes() != x.sizes()))
+        return false;
+    if (!(eps >= 0.0 && std::isfinite(eps)) || !(factor >= 0.0 && factor <= 1.0))
+        return false;
+    if (in_place && training && running_mean.defined()) {
+        for (const at::Tensor *out : {&running_mean, &running_var})
+            for (const at::Tensor *in : {&x, &weight, &bias, &side})
+                if (overlap(*out, *in))
+                    return false;
+        if (overlap(running_mean, running_var))
+            return false;
+    }
+    return true;
+}
+
 // cfbn.torch.batch_norm's eager call: y, or None for a call the bridge takes.
 py::object batch_norm(const at::Tensor &x, const c10::optional<at::Tensor> &weight_,
                       const c10::optional<at::Tensor> &bias_,
@@ -386,44 +428,72 @@ py::object batch_norm(const at::Tensor &x, const c10::optional<at::Tensor> &weig
     at::Tensor running_mean = running_mean_.value_or(at::Tensor());
     at::Tensor running_var = running_var_.value_or(at::Tensor());
     at::Tensor side = side_.value_or(at::Tensor());
-    int64_t nd = x.dim();
-    if (!plain_tensor(x) || dtype_code(x.scalar_type()) < 0 || nd < 2 || nd > 5
-        || x.numel() == 0)
+    if (!takes(x, weight, bias, running_mean, running_var, side, training, factor, eps, true))
         return py::none();
-    at::ScalarType vdt = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    int64_t channels = x.size(1);
-    for (const at::Tensor *v : {&weight, &bias, &running_mean, &running_var})
-        if (v->defined() && !plain_vector(*v, vdt, channels))
-            return py::none();
-    if (running_mean.defined() != running_var.defined() || (!training && !running_mean.defined()))
-        return py::none();
-    if (side.defined() && (!plain_tensor(side) || side.scalar_type() != x.scalar_type()
-                           || side.sizes() != x.sizes()))
-        return py::none();
-    if (!(eps >= 0.0 && std::isfinite(eps)) || !(factor >= 0.0 && factor <= 1.0))
-        return py::none();
-    // The running statistics are written in place: memory they share with
-    // each other or with an input is the validator's error to name.
-    if (training && running_mean.defined()) {
-        for (const at::Tensor *out : {&running_mean, &running_var})
-            for (const at::Tensor *in : std::initializer_list<const at::Tensor *>{
-                     &x, &weight, &bias, &side})
-                if (overlap(*out, *in))
-                    return py::none();
-        if (overlap(running_mean, running_var))
-            return py::none();
-    }
     bool grad = at::GradMode::is_enabled()
         && (x.requires_grad() || (weight.defined() && weight.requires_grad())
             || (bias.defined() && bias.requires_grad())
             || (side.defined() && side.requires_grad()));
     if (!grad)
         return py::cast(std::get<0>(forward_kernels(x, weight, bias, running_mean, running_var,
-                                                    side, training, factor, eps, act, alpha)));
+                                                    side, training, factor, eps, act, alpha,
+                                                    running_mean, running_var)));
     Options o{training, eps, act, alpha, activation, alpha_arg};
     return py::cast(BatchNormFunction::apply(x, or_empty(weight), or_empty(bias), or_empty(side),
                                              or_empty(running_mean), or_empty(running_var),
                                              factor, o));
+}
+
+// torch.ops.cfbn.batch_norm's implementation (a functional operator: the
+// running statistics are read, their new values returned in new tensors):
+// (y, save_mean, save_var, new_mean, new_var), or None for the bridge.
+py::object forward_op(const at::Tensor &x, const c10::optional<at::Tensor> &weight_,
+                      const c10::optional<at::Tensor> &bias_,
+                      const c10::optional<at::Tensor> &running_mean_,
+                      const c10::optional<at::Tensor> &running_var_,
+                      const c10::optional<at::Tensor> &side_, bool training, double factor,
+                      double eps, int act, double alpha)
+{
+    at::Tensor weight = weight_.value_or(at::Tensor()), bias = bias_.value_or(at::Tensor());
+    at::Tensor running_mean = running_mean_.value_or(at::Tensor());
+    at::Tensor running_var = running_var_.value_or(at::Tensor());
+    at::Tensor side = side_.value_or(at::Tensor());
+    if (!takes(x, weight, bias, running_mean, running_var, side, training, factor, eps, false))
+        return py::none();
+    at::TensorOptions vopt = x.options().dtype(x.scalar_type() == at::kDouble ? at::kDouble
+                                                                              : at::kFloat);
+    bool update = training && running_mean.defined();
+    at::Tensor new_mean = at::empty({update ? x.size(1) : 0}, vopt);
+    at::Tensor new_var = at::empty({update ? x.size(1) : 0}, vopt);
+    auto r = forward_kernels(x, weight, bias, running_mean, running_var, side, training, factor,
+                             eps, act, alpha, new_mean, new_var);
+    return py::make_tuple(std::get<0>(r), std::get<1>(r), std::get<2>(r), new_mean, new_var);
+}
+
+// torch.ops.cfbn.batch_norm_backward's implementation: (dx, dweight, dbias,
+// dside, empty without a side input), or None for the bridge.
+py::object backward_op(const at::Tensor &grad_out, const at::Tensor &x,
+                       const c10::optional<at::Tensor> &weight_,
+                       const c10::optional<at::Tensor> &bias_, const at::Tensor &save_mean,
+                       const at::Tensor &save_var, bool training, double eps, int act,
+                       double alpha, const c10::optional<at::Tensor> &side_)
+{
+    at::Tensor weight = weight_.value_or(at::Tensor()), bias = bias_.value_or(at::Tensor());
+    at::Tensor side = side_.value_or(at::Tensor());
+    // the forward's checks, with the saved statistics in the running ones' place
+    if (!takes(x, weight, bias, save_mean, save_var, side, true, 0.0, eps, false)
+        || !plain_tensor(grad_out) || grad_out.scalar_type() != x.scalar_type()
+        || grad_out.sizes() != x.sizes())
+        return py::none();
+    Options o{training, eps, act, alpha, c10::nullopt, c10::nullopt};
+    variable_list g;
+    {
+        py::gil_scoped_release nogil;
+        g = backward_kernels(grad_out, x, weight, bias, side, save_mean, save_var, o);
+    }
+    if (!g[3].defined())
+        g[3] = x.new_empty({0});
+    return py::make_tuple(g[0], g[1], g[2], g[3]);
 }
 
 }  // namespace
@@ -438,6 +508,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
                                  + std::to_string(api->version) + ", this operator needs "
                                  + std::to_string(CFBN_C_API_VERSION));
     m.def("batch_norm", &batch_norm, "cfbn.torch.batch_norm's eager call (None: not taken)");
+    m.def("forward_op", &forward_op, "torch.ops.cfbn.batch_norm's kernels (None: not taken)");
+    m.def("backward_op", &backward_op,
+          "torch.ops.cfbn.batch_norm_backward's kernels (None: not taken)");
     m.def("calls", []() { return py::make_tuple(forward_calls.load(), backward_calls.load()); },
           "(forward, backward) kernel calls made here, for tests");
 }

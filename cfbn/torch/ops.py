@@ -18,6 +18,10 @@ an autograd formula that calls the next:
     grad_weight)``; the autograd formula of batch_norm_backward adds what a
     fused activation contributes.
 
+The forward and the gradient run the C++ operator's kernels entry
+(cfbn/torch/_native.cpp) where it takes the call, else the Python bridge;
+both give the same bits.
+
 Why the forward returns the new running statistics rather than updating
 them in place: ``torch.library`` gives autograd formulas to functional
 operators only, so an operator that declared ``mutates_args`` for the running
@@ -31,7 +35,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _bridge
+from .. import _args
+from . import _bridge, _native
 
 _LIB = "cfbn"
 
@@ -47,8 +52,20 @@ def batch_norm(input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
     `training` (new running statistics, weight `momentum`, or
     1/num_batches_tracked when `momentum` is None), else the running ones."""
     factor = momentum_factor(momentum, num_batches_tracked) if training else 0.0
+    native = _native.get()
+    if native is not None:
+        # the C++ kernels' entry, which returns None for what it leaves to the bridge
+        act, act_alpha = _activation_code(activation, alpha)
+        out = native.forward_op(input, weight, bias, running_mean, running_var, side_input,
+                                training, factor, eps, act, act_alpha)
+        if out is not None:
+            return out
     return _bridge.forward(input, weight, bias, running_mean, running_var, training, factor,
                            eps, activation, alpha, side_input, False)
+
+
+def _activation_code(activation, alpha):
+    return (0, 0.0) if activation is None else _args.activation(activation, alpha)
 
 
 def momentum_factor(momentum, num_batches_tracked):
@@ -108,6 +125,13 @@ def batch_norm_backward(grad_out: Tensor, input: Tensor, weight: Optional[Tensor
                         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradient of cfbn::batch_norm: (grad_input, grad_weight,
     grad_bias, grad_side_input), the last empty without a side input."""
+    native = _native.get()
+    if native is not None:
+        act, act_alpha = _activation_code(activation, alpha)
+        out = native.backward_op(grad_out, input, weight, bias, save_mean, save_var, training,
+                                 eps, act, act_alpha, side_input)
+        if out is not None:
+            return out
     dx, dweight, dbias, dside = _bridge.backward(grad_out, input, weight, bias, save_mean,
                                                  save_var, training, eps, activation, alpha,
                                                  side_input)
