@@ -84,6 +84,23 @@ Kind layout_kind(const at::Tensor &t)
     return OTHER;
 }
 
+// The per-channel vectors' dtype for an input: float64 for float64, else float32.
+at::ScalarType vector_type(const at::Tensor &x)
+{
+    return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// x as the kernels read it, and its layout in `kind`: x itself, or for a
+// layout they cannot read, one contiguous copy (channels first).
+at::Tensor readable(const at::Tensor &x, Kind &kind)
+{
+    kind = layout_kind(x);
+    if (kind != OTHER)
+        return x;
+    kind = FIRST;
+    return x.contiguous();
+}
+
 // A tensor the kernels can read in layout `kind`: t itself, or one copy.
 at::Tensor in_layout(const at::Tensor &t, Kind kind)
 {
@@ -118,14 +135,6 @@ at::Tensor output(const at::Tensor &like, Kind kind)
         like.options());
 }
 
-// A per-channel tensor the kernels can take as it is.
-bool plain_vector(const at::Tensor &v, at::ScalarType vdt, int64_t channels)
-{
-    return v.scalar_type() == vdt && v.dim() == 1 && v.size(0) == channels
-        && (v.stride(0) == 1 || channels == 1) && v.is_cpu() && v.layout() == at::kStrided
-        && !v.is_conj() && !v.is_neg() && v.has_storage();
-}
-
 bool plain_tensor(const at::Tensor &t)
 {
     // Tensors with a functorch, functionalization or Python key are not
@@ -136,6 +145,13 @@ bool plain_tensor(const at::Tensor &t)
         c10::DispatchKey::Functionalize});
     return t.defined() && t.is_cpu() && t.layout() == at::kStrided && t.has_storage()
         && !t.is_conj() && !t.is_neg() && !t.key_set().has_any(wrapped);
+}
+
+// A per-channel tensor the kernels can take as it is.
+bool plain_vector(const at::Tensor &v, at::ScalarType vdt, int64_t channels)
+{
+    return plain_tensor(v) && v.scalar_type() == vdt && v.dim() == 1 && v.size(0) == channels
+        && (v.stride(0) == 1 || channels == 1);
 }
 
 // The bytes a tensor's elements lie in, [lo, hi); empty for none.
@@ -220,11 +236,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernels(
     bool training, double factor, double eps, int act, double alpha, const at::Tensor &new_mean,
     const at::Tensor &new_var)
 {
-    Kind kind = layout_kind(x0);
-    at::Tensor x = kind == OTHER ? x0.contiguous() : x0;
-    if (kind == OTHER)
-        kind = FIRST;
-    at::ScalarType vdt = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    Kind kind;
+    at::Tensor x = readable(x0, kind);
+    at::ScalarType vdt = vector_type(x);
     at::Tensor side = side0.defined() ? in_layout(side0, kind) : side0;
     Shape s = shape_of(x, kind);
     at::Tensor y = output(x, kind);
@@ -241,19 +255,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_kernels(
                                         ptr(running_var), eps, y.data_ptr(),
                                         save_mean.data_ptr(), save_var.data_ptr(), act, alpha,
                                         ptr(side));
-        } else if (update) {
-            // the running statistics are read unless replaced (factor 1)
-            const void *m = factor != 1.0 ? running_mean.data_ptr() : nullptr;
-            const void *v = factor != 1.0 ? running_var.data_ptr() : nullptr;
-            rc = api->forward_training(s.dtype, s.layout, s.outer, s.channels, s.inner, 0,
-                                       ptr(x), ptr(scale), ptr(offset), m, v, eps, factor,
-                                       y.data_ptr(), new_mean.data_ptr(), new_var.data_ptr(),
-                                       save_mean.data_ptr(), save_var.data_ptr(), act, alpha,
-                                       ptr(side));
         } else {
+            // Without running statistics, none are read or written (factor 1).
+            // With them, they are read unless replaced (factor 1).
+            double f = update ? factor : 1.0;
+            bool read = update && f != 1.0;
             rc = api->forward_training(s.dtype, s.layout, s.outer, s.channels, s.inner, 0,
-                                       ptr(x), ptr(scale), ptr(offset), nullptr, nullptr, eps,
-                                       1.0, y.data_ptr(), nullptr, nullptr,
+                                       ptr(x), ptr(scale), ptr(offset),
+                                       read ? running_mean.data_ptr() : nullptr,
+                                       read ? running_var.data_ptr() : nullptr, eps, f,
+                                       y.data_ptr(), update ? new_mean.data_ptr() : nullptr,
+                                       update ? new_var.data_ptr() : nullptr,
                                        save_mean.data_ptr(), save_var.data_ptr(), act, alpha,
                                        ptr(side));
         }
@@ -269,10 +281,8 @@ variable_list backward_kernels(const at::Tensor &grad_out, const at::Tensor &x0,
                                const at::Tensor &side0, const at::Tensor &save_mean,
                                const at::Tensor &save_var, const Options &o)
 {
-    Kind kind = layout_kind(x0);
-    at::Tensor x = kind == OTHER ? x0.contiguous() : x0;
-    if (kind == OTHER)
-        kind = FIRST;
+    Kind kind;
+    at::Tensor x = readable(x0, kind);
     at::ScalarType vdt = save_mean.scalar_type();
     at::Tensor dy = in_layout(grad_out, kind);
     at::Tensor side = side0.defined() ? in_layout(side0, kind) : side0;
@@ -392,7 +402,7 @@ bool takes(const at::Tensor &x, const at::Tensor &weight, const at::Tensor &bias
     if (!plain_tensor(x) || dtype_code(x.scalar_type()) < 0 || nd < 2 || nd > 5
         || x.numel() == 0)
         return false;
-    at::ScalarType vdt = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    at::ScalarType vdt = vector_type(x);
     int64_t channels = x.size(1);
     for (const at::Tensor *v : {&weight, &bias, &running_mean, &running_var})
         if (v->defined() && !plain_vector(*v, vdt, channels))
@@ -460,8 +470,7 @@ py::object forward_op(const at::Tensor &x, const c10::optional<at::Tensor> &weig
     at::Tensor side = side_.value_or(at::Tensor());
     if (!takes(x, weight, bias, running_mean, running_var, side, training, factor, eps, false))
         return py::none();
-    at::TensorOptions vopt = x.options().dtype(x.scalar_type() == at::kDouble ? at::kDouble
-                                                                              : at::kFloat);
+    at::TensorOptions vopt = x.options().dtype(vector_type(x));
     bool update = training && running_mean.defined();
     at::Tensor new_mean = at::empty({update ? x.size(1) : 0}, vopt);
     at::Tensor new_var = at::empty({update ? x.size(1) : 0}, vopt);

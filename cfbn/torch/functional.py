@@ -1,7 +1,6 @@
 """cfbn.torch.batch_norm: torch.nn.functional.batch_norm on cfbn's kernels."""
 import torch
 
-from .. import _args
 from . import _bridge, _eager, _native, ops
 
 
@@ -85,7 +84,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     native = _native.get()
     if native is not None and type(input) is torch.Tensor:
         # The C++ operator, which returns None for what it leaves to the bridge.
-        act, act_alpha = (0, 0.0) if activation is None else _args.activation(activation, alpha)
+        act, act_alpha = ops.activation_code(activation, alpha)
         try:
             y = native.batch_norm(input, weight, bias, running_mean, running_var, side_input,
                                   bool(training), factor, eps, act, act_alpha, activation,

@@ -55,7 +55,7 @@ def batch_norm(input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
     native = _native.get()
     if native is not None:
         # the C++ kernels' entry, which returns None for what it leaves to the bridge
-        act, act_alpha = _activation_code(activation, alpha)
+        act, act_alpha = activation_code(activation, alpha)
         out = native.forward_op(input, weight, bias, running_mean, running_var, side_input,
                                 training, factor, eps, act, act_alpha)
         if out is not None:
@@ -64,7 +64,9 @@ def batch_norm(input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
                            eps, activation, alpha, side_input, False)
 
 
-def _activation_code(activation, alpha):
+def activation_code(activation, alpha):
+    """(cfbn's activation code, alpha as a float), checked: what the C++
+    entries take."""
     return (0, 0.0) if activation is None else _args.activation(activation, alpha)
 
 
@@ -127,7 +129,7 @@ def batch_norm_backward(grad_out: Tensor, input: Tensor, weight: Optional[Tensor
     grad_bias, grad_side_input), the last empty without a side input."""
     native = _native.get()
     if native is not None:
-        act, act_alpha = _activation_code(activation, alpha)
+        act, act_alpha = activation_code(activation, alpha)
         out = native.backward_op(grad_out, input, weight, bias, save_mean, save_var, training,
                                  eps, act, act_alpha, side_input)
         if out is not None:
