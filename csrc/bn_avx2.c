@@ -1876,11 +1876,22 @@ INLINE void fapply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, cons
     if (nt) _mm_sfence();
 }
 
-/* ---- gradient sums: sum g, sum g * ((x - mhi) - mlo), in double ---- */
+/* ---- gradient sums: sum g, sum g * ((x - mhi) - mlo), in double ----
+ * go (cfbn_grad_f32.g_out): NULL, or where each g summed is also stored */
+
+INLINE void st_g(void *go, int64_t i, __m256 g, int dt)
+{
+    if (go) st8(go, i, g, dt);
+}
+
+INLINE void st_g_part(void *go, int64_t i, __m256 g, int64_t cnt, int dt)
+{
+    if (go) st_part(go, i, g, cnt, dt);
+}
 
 /* q: mhi, mlo, ya, yb of even 8-blocks, then of odd blocks */
-INLINE void fgstats_flat_ps(const void *dy, const void *x, const void *side, int64_t n, const __m256 *q, int kind,
-                            int hs, __m256 al, int dt, acc8 *ea, acc8 *oa)
+INLINE void fgstats_flat_ps(const void *dy, const void *x, const void *side, void *go, int64_t n, const __m256 *q,
+                            int kind, int hs, __m256 al, int dt, acc8 *ea, acc8 *oa)
 {
     const __m256 z = _mm256_setzero_ps();
     acc8 a = acc8_zero(), b = acc8_zero();
@@ -1892,13 +1903,17 @@ INLINE void fgstats_flat_ps(const void *dy, const void *x, const void *side, int
         __m256 s0 = hs ? ld8(side, i, dt) : z, s1 = hs ? ld8(side, i + 8, dt) : z;
         __m256 g0 = fused_g_ps(ld8(dy, i, dt), x0, s0, q, kind, hs, al);
         __m256 g1 = fused_g_ps(ld8(dy, i + 8, dt), x1, s1, q + 4, kind, hs, al);
+        st_g(go, i, g0, dt);
+        st_g(go, i + 8, g1, dt);
         gstats_step(&a, g0, centered_ps(x0, q[0], q[1]));
         gstats_step(&b, g1, centered_ps(x1, q[4], q[5]));
     }
     int odd = 0;
     if (i + 8 <= n) {
         __m256 x0 = ld8(x, i, dt), s0 = hs ? ld8(side, i, dt) : z;
-        gstats_step(&a, fused_g_ps(ld8(dy, i, dt), x0, s0, q, kind, hs, al), centered_ps(x0, q[0], q[1]));
+        __m256 g0 = fused_g_ps(ld8(dy, i, dt), x0, s0, q, kind, hs, al);
+        st_g(go, i, g0, dt);
+        gstats_step(&a, g0, centered_ps(x0, q[0], q[1]));
         i += 8;
         odd = 1;
     }
@@ -1911,6 +1926,7 @@ INLINE void fgstats_flat_ps(const void *dy, const void *x, const void *side, int
          * a zero pre-activation gives */
         __m256 g = and_ps(fused_g_ps(ld_part(dy, i, cnt, cnt, dt), x0, s0, r, kind, hs, al), mk);
         __m256 d = and_ps(centered_ps(x0, r[0], r[1]), mk);
+        st_g_part(go, i, g, cnt, dt);
         gstats_step(odd ? &b : &a, g, d);
     }
     *ea = a;
@@ -1939,6 +1955,7 @@ INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, i
     const size_t es = dt ? 2 : 4;
     const __m256 z = _mm256_setzero_ps();
     const __m256i mk = mask_ps(cnt);
+    void *go = p->g_out;
     __m256 t[4];
     tail_params_ps(v, 4, full, cnt, t);
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
@@ -1957,7 +1974,9 @@ INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, i
             for (int64_t k = 0; k < kr; k++) {
                 const int64_t e = o + k * w + j;
                 __m256 x0 = ld8(x, e, dt), s0 = hs ? ld8(side, e, dt) : z;
-                gstats_step(&c, fused_g_ps(ld8(dy, e, dt), x0, s0, q, kind, hs, al), centered_ps(x0, q[0], q[1]));
+                __m256 g = fused_g_ps(ld8(dy, e, dt), x0, s0, q, kind, hs, al);
+                st_g(go, e, g, dt);
+                gstats_step(&c, g, centered_ps(x0, q[0], q[1]));
             }
             acc8_add_to(&c, acc + j, acc + w + j);
         }
@@ -1966,6 +1985,7 @@ INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, i
                 const int64_t e = o + k * w + full, av = n - e;
                 __m256 x0 = ld_part(x, e, cnt, av, dt), s0 = hs ? ld_part(side, e, cnt, av, dt) : z;
                 __m256 g = and_ps(fused_g_ps(ld_part(dy, e, cnt, av, dt), x0, s0, t, kind, hs, al), mk);
+                st_g_part(go, e, g, cnt, dt);
                 gstats_step(&ta, g, and_ps(centered_ps(x0, t[0], t[1]), mk));
             }
         }
@@ -2015,6 +2035,7 @@ INLINE void fgstats_rows8_ps(const void *dy, const void *x, const void *side, in
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
     const size_t es = dt ? 2 : 4, rs = (size_t)w * es;
     const __m256 z = _mm256_setzero_ps();
+    void *go = p->g_out;
     int64_t r = 0;
     for (; r + 8 <= rows; r += 8) {
         const int64_t o = r * w;
@@ -2032,6 +2053,8 @@ INLINE void fgstats_rows8_ps(const void *dy, const void *x, const void *side, in
                 __m256 s0 = hs ? ld8(bs + 2 * k * rs, 0, dt) : z, s1 = hs ? ld8(bs + (2 * k + 1) * rs, 0, dt) : z;
                 __m256 g0 = fused_g_ps(ld8(bd + 2 * k * rs, 0, dt), x0, s0, q, kind, hs, al);
                 __m256 g1 = fused_g_ps(ld8(bd + (2 * k + 1) * rs, 0, dt), x1, s1, q, kind, hs, al);
+                st_g(go, o + 2 * k * w + j, g0, dt);
+                st_g(go, o + (2 * k + 1) * w + j, g1, dt);
                 __m256 u0 = _mm256_sub_ps(x0, q[0]), u1 = _mm256_sub_ps(x1, q[0]);
                 sg[k] = _mm256_add_ps(g0, g1);
                 sq[k] = _mm256_fmadd_ps(g1, u1, _mm256_mul_ps(g0, u0));
@@ -2047,6 +2070,7 @@ INLINE void fgstats_rows8_ps(const void *dy, const void *x, const void *side, in
                                  _mm256_loadu_ps(p->ya + j), _mm256_loadu_ps(p->yb + j)};
             __m256 x0 = ld8(x, r * w + j, dt), s0 = hs ? ld8(side, r * w + j, dt) : z;
             __m256 g = fused_g_ps(ld8(dy, r * w + j, dt), x0, s0, q, kind, hs, al);
+            st_g(go, r * w + j, g, dt);
             add_block(acc, w, j, g, _mm256_mul_ps(g, centered_ps(x0, q[0], q[1])));
         }
     }
@@ -2055,8 +2079,8 @@ INLINE void fgstats_rows8_ps(const void *dy, const void *x, const void *side, in
 
 /* a run: 128-element stretches summed as gstats_flat_ps's tree, the rest by
  * fgstats_flat_ps's double steps */
-INLINE void fgstats_tree_vec(const void *dy, const void *x, const void *side, int64_t n, const __m256 *q, int kind,
-                             int hs, __m256 al, int dt, __m256d *v1, __m256d *v2)
+INLINE void fgstats_tree_vec(const void *dy, const void *x, const void *side, void *go, int64_t n, const __m256 *q,
+                             int kind, int hs, __m256 al, int dt, __m256d *v1, __m256d *v2)
 {
     const __m256 z = _mm256_setzero_ps();
     acc8 a = acc8_zero(), b = acc8_zero(), e, o;
@@ -2073,24 +2097,25 @@ INLINE void fgstats_tree_vec(const void *dy, const void *x, const void *side, in
                 }
                 __m256 x0 = ld8(x, e0, dt), s0 = hs ? ld8(side, e0, dt) : z;
                 g[k] = fused_g_ps(ld8(dy, e0, dt), x0, s0, q, kind, hs, al);
+                st_g(go, e0, g[k], dt);
                 d[k] = _mm256_sub_ps(x0, q[0]);
             }
             gstats_tree_step(h ? &b : &a, g, d, q[1]);
         }
     }
-    fgstats_flat_ps((const char *)dy + (size_t)i * (dt ? 2 : 4), (const char *)x + (size_t)i * (dt ? 2 : 4),
-                    hs ? (const char *)side + (size_t)i * (dt ? 2 : 4) : NULL, n - i, q, kind, hs, al, dt, &e, &o);
+    fgstats_flat_ps(elem_at(dy, i, dt), elem_at(x, i, dt), hs ? elem_at(side, i, dt) : NULL,
+                    go ? (void *)elem_at(go, i, dt) : NULL, n - i, q, kind, hs, al, dt, &e, &o);
     *v1 = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)),
                         _mm256_add_pd(_mm256_add_pd(e.s1lo, e.s1hi), _mm256_add_pd(o.s1lo, o.s1hi)));
     *v2 = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)),
                         _mm256_add_pd(_mm256_add_pd(e.s2lo, e.s2hi), _mm256_add_pd(o.s2lo, o.s2hi)));
 }
 
-INLINE void fgstats_tree_ps(const void *dy, const void *x, const void *side, int64_t n, const __m256 *q, int kind,
-                            int hs, __m256 al, int dt, double *acc)
+INLINE void fgstats_tree_ps(const void *dy, const void *x, const void *side, void *go, int64_t n, const __m256 *q,
+                            int kind, int hs, __m256 al, int dt, double *acc)
 {
     __m256d v1, v2;
-    fgstats_tree_vec(dy, x, side, n, q, kind, hs, al, dt, &v1, &v2);
+    fgstats_tree_vec(dy, x, side, go, n, q, kind, hs, al, dt, &v1, &v2);
     acc[0] = hsum_pd(v1);
     acc[1] = hsum_pd(v2);
 }
@@ -2102,8 +2127,8 @@ INLINE void fgstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_
     fgrad_params_ps(p, 0, q);
     const void *side = p->side;
 #define FGSTATS_RUN(k)                                                          \
-    if (side) fgstats_tree_ps(dy, x, side, n, q, k, 1, al, dt, acc);           \
-    else fgstats_tree_ps(dy, x, NULL, n, q, k, 0, al, dt, acc)
+    if (side) fgstats_tree_ps(dy, x, side, p->g_out, n, q, k, 1, al, dt, acc); \
+    else fgstats_tree_ps(dy, x, NULL, p->g_out, n, q, k, 0, al, dt, acc)
     CFBN_ACT_SPECIALIZE(p->act, FGSTATS_RUN)
 #undef FGSTATS_RUN
     if (n >= 128 && run_needs_double(acc, n, p)) fgstats_column_pd(dy, x, n, 1, 0, p, 0, acc, acc + 1, dt);
@@ -2135,8 +2160,8 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
         }
         acc8 e, o;
 #define FGSTATS_FLAT(k)                                                                 \
-    if (side) fgstats_flat_ps(dy, x, side, rows * w, q, k, 1, al, dt, &e, &o);        \
-    else fgstats_flat_ps(dy, x, NULL, rows * w, q, k, 0, al, dt, &e, &o)
+    if (side) fgstats_flat_ps(dy, x, side, p->g_out, rows * w, q, k, 1, al, dt, &e, &o); \
+    else fgstats_flat_ps(dy, x, NULL, p->g_out, rows * w, q, k, 0, al, dt, &e, &o)
         CFBN_ACT_SPECIALIZE(p->act, FGSTATS_FLAT)
 #undef FGSTATS_FLAT
         acc8_store(&e, s1, s2);
@@ -2325,8 +2350,9 @@ INLINE void apply_runs_ps(const void *x, void *y, int64_t n, const cfbn_apply_f3
  * (see above): their sums added to s1, s2; returns the number of runs done.
  * g = fused_g_ps(dy, ...) (dy itself with CFBN_ACT_NONE), q its parameters
  * (mhi, mlo, ya, yb).  Dead lanes of a run's tail: g masked to 0, d = 0 - 0. */
-INLINE int64_t gstats_runs8_ps(const void *dy, const void *x, const void *side, int64_t n, int64_t runs, int64_t st,
-                               const __m256 *q, int kind, int hs, __m256 al, int dt, __m256d *s1, __m256d *s2)
+INLINE int64_t gstats_runs8_ps(const void *dy, const void *x, const void *side, void *go, int64_t n, int64_t runs,
+                               int64_t st, const __m256 *q, int kind, int hs, __m256 al, int dt, __m256d *s1,
+                               __m256d *s2)
 {
     const __m256 z = _mm256_setzero_ps();
     const int64_t full = n & ~(int64_t)7, cnt = n - full;
@@ -2341,6 +2367,7 @@ INLINE int64_t gstats_runs8_ps(const void *dy, const void *x, const void *side, 
                 const int64_t e = (k + r) * st + i;
                 __m256 x0 = ld8(x, e, dt), s0 = hs ? ld8(side, e, dt) : z;
                 g[r] = fused_g_ps(ld8(dy, e, dt), x0, s0, q, kind, hs, al);
+                st_g(go, e, g[r], dt);
                 d[r] = _mm256_sub_ps(x0, q[0]);
             }
             gstats_tree_step(&a, g, d, q[1]);
@@ -2350,6 +2377,7 @@ INLINE int64_t gstats_runs8_ps(const void *dy, const void *x, const void *side, 
                 const int64_t e = (k + r) * st + full;
                 __m256 x0 = ld_part(x, e, cnt, cnt, dt), s0 = hs ? ld_part(side, e, cnt, cnt, dt) : z;
                 g[r] = and_ps(fused_g_ps(ld_part(dy, e, cnt, cnt, dt), x0, s0, q, kind, hs, al), mk);
+                st_g_part(go, e, g[r], cnt, dt);
                 d[r] = _mm256_sub_ps(x0, tm);
             }
             gstats_tree_step(&a, g, d, tl);
@@ -2368,7 +2396,8 @@ INLINE void gstats_runs_ps(const void *dy, const void *x, int64_t n, const cfbn_
     const int64_t st = p->stride;
     int64_t k = 0;
     if (n <= SHORT_RUN && (st * (dt ? 2 : 4)) % 4096 != 0)
-        k = gstats_runs8_ps(dy, x, NULL, n, p->runs, st, q, CFBN_ACT_NONE, 0, _mm256_setzero_ps(), dt, &s1, &s2);
+        k = gstats_runs8_ps(dy, x, NULL, NULL, n, p->runs, st, q, CFBN_ACT_NONE, 0, _mm256_setzero_ps(), dt, &s1,
+                            &s2);
     for (; k < p->runs; k++) {
         acc8 a, b;
         prefetch_next_run(elem_at(dy, k * st, dt), n * (dt ? 2 : 4));
@@ -2512,19 +2541,19 @@ COLD void fgstats_runs_pd(const void *dy, const void *x, int64_t n, const cfbn_g
     acc[1] = s2;
 }
 
-INLINE void fgstats_runs_k(const void *dy, const void *x, const void *side, int64_t n, int64_t runs, int64_t st,
-                           const __m256 *q, int kind, int hs, __m256 al, int dt, double *acc)
+INLINE void fgstats_runs_k(const void *dy, const void *x, const void *side, void *go, int64_t n, int64_t runs,
+                           int64_t st, const __m256 *q, int kind, int hs, __m256 al, int dt, double *acc)
 {
     __m256d s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd();
     int64_t k = 0;
-    if (n <= SHORT_RUN) k = gstats_runs8_ps(dy, x, side, n, runs, st, q, kind, hs, al, dt, &s1, &s2);
+    if (n <= SHORT_RUN) k = gstats_runs8_ps(dy, x, side, go, n, runs, st, q, kind, hs, al, dt, &s1, &s2);
     for (; k < runs; k++) {
         __m256d v1, v2;
         prefetch_next_run(elem_at(dy, k * st, dt), n * (dt ? 2 : 4));
         prefetch_next_run(elem_at(x, k * st, dt), n * (dt ? 2 : 4));
         if (hs) prefetch_next_run(elem_at(side, k * st, dt), n * (dt ? 2 : 4));
         fgstats_tree_vec(elem_at(dy, k * st, dt), elem_at(x, k * st, dt), hs ? elem_at(side, k * st, dt) : NULL,
-                         n, q, kind, hs, al, dt, &v1, &v2);
+                         go ? (void *)elem_at(go, k * st, dt) : NULL, n, q, kind, hs, al, dt, &v1, &v2);
         s1 = _mm256_add_pd(s1, v1);
         s2 = _mm256_add_pd(s2, v2);
     }
@@ -2539,8 +2568,8 @@ INLINE void fgstats_runs_ps(const void *dy, const void *x, int64_t n, const cfbn
     fgrad_params_ps(p, 0, q);
     const void *side = p->side;
 #define FGSTATS_RUNS(k)                                                                      \
-    if (side) fgstats_runs_k(dy, x, side, n, p->runs, p->stride, q, k, 1, al, dt, acc);    \
-    else fgstats_runs_k(dy, x, NULL, n, p->runs, p->stride, q, k, 0, al, dt, acc)
+    if (side) fgstats_runs_k(dy, x, side, p->g_out, n, p->runs, p->stride, q, k, 1, al, dt, acc); \
+    else fgstats_runs_k(dy, x, NULL, p->g_out, n, p->runs, p->stride, q, k, 0, al, dt, acc)
     CFBN_ACT_SPECIALIZE(p->act, FGSTATS_RUNS)
 #undef FGSTATS_RUNS
     /* checked once, on the totals, as gstats_runs_ps does */

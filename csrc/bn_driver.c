@@ -291,8 +291,8 @@ static void call_apply(const cfbn_kernels *k, const params *pp, int64_t at, cons
 }
 
 static void call_gstats(const cfbn_kernels *k, const params *pp, int64_t at, const void *dy, const void *x,
-                        int64_t rows, int64_t w, int is_run, double *acc, const void *side, int64_t runs,
-                        int64_t stride)
+                        int64_t rows, int64_t w, int is_run, double *acc, const void *side, void *g_out,
+                        int64_t runs, int64_t stride)
 {
     int64_t L = pp->len;
     if (pp->d) {
@@ -304,7 +304,7 @@ static void call_gstats(const cfbn_kernels *k, const params *pp, int64_t at, con
         const float *f = pp->f + at;
         cfbn_grad_f32 g = { f + G_MHI * L, f + G_MLO * L, f + G_A * L, f + G_B * L, f + G_C * L, pp->stream,
                             pp->act, (float)pp->act_alpha, f + G_YA * L, f + G_YB * L, side, NULL, runs,
-                            stride };
+                            stride, g_out };
         cfbn_route_gstats_f32(k, pp->dtype, dy, x, rows, w, is_run, &g, acc);
     }
 }
@@ -324,7 +324,7 @@ static void call_gapply(const cfbn_kernels *k, const params *pp, int64_t at, con
         const float *f = pp->f + at;
         cfbn_grad_f32 g = { f + G_MHI * L, f + G_MLO * L, f + G_A * L, f + G_B * L, f + G_C * L, pp->stream,
                             pp->act, (float)pp->act_alpha, f + G_YA * L, f + G_YB * L, side, side_grad, runs,
-                            stride };
+                            stride, NULL };
         cfbn_route_gapply_f32(k, pp->dtype, dy, x, dx, rows, w, is_run, &g);
     }
 }
@@ -393,12 +393,22 @@ typedef struct {
     void *side_grad;    /* gradient apply: dy * act'(pre), or NULL */
     const void *q;      /* second order: ggx */
     void *out2;         /* second-order apply: dx */
+    void *g_out;        /* gradient sums: where g is stored too, or NULL */
 } pass;
 
 /* Sums per channel of a reduction pass. */
 static int pass_sums(const pass *ps)
 {
     return ps->kind == PASS_GGSTATS ? 5 : 2;
+}
+
+/* Whether tensors a and b of shape s share a byte (b may be NULL). */
+static int overlaps(const void *a, const void *b, const cfbn_shape *s)
+{
+    if (!a || !b) return 0;
+    uintptr_t n = (uintptr_t)(s->outer * s->channels * s->inner) * cfbn_storage_size(s->dtype);
+    uintptr_t u = (uintptr_t)a, v = (uintptr_t)b;
+    return u < v + n && v < u + n;
 }
 
 static const void *at_elem(const void *base, int dtype, int64_t i)
@@ -425,7 +435,7 @@ static void first_stretch(const pass *ps, const double *shift, int64_t c, int64_
         break;
     case PASS_GSTATS:
         call_gstats(ps->k, ps->pp, c, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off), len, 1, 1, part,
-                    at_elem(ps->side, dt, off), runs, stride);
+                    at_elem(ps->side, dt, off), (void *)at_elem(ps->g_out, dt, off), runs, stride);
         break;
     case PASS_GAPPLY:
         call_gapply(ps->k, ps->pp, c, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off),
@@ -518,7 +528,7 @@ static void last_piece(const pass *ps, const double *shift, int64_t q, double *a
         break;
     case PASS_GSTATS:
         call_gstats(ps->k, ps->pp, 0, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off), nrows, w, 0, acc,
-                    at_elem(ps->side, dt, off), 1, 0);
+                    at_elem(ps->side, dt, off), (void *)at_elem(ps->g_out, dt, off), 1, 0);
         break;
     case PASS_GAPPLY:
         call_gapply(ps->k, ps->pp, 0, at_elem(ps->a, dt, off), at_elem(ps->b, dt, off),
@@ -1078,8 +1088,20 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
     }
 
     const void *side = fusion ? fusion->side : NULL;
-    pass gs = { k, &p, &pp, PASS_GSTATS, dy, x, NULL, side, NULL, NULL, NULL };
-    pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx, side, fusion ? fusion->side_grad : NULL, NULL, NULL };
+    void *side_grad = fusion ? fusion->side_grad : NULL;
+    pass gs = { k, &p, &pp, PASS_GSTATS, dy, x, NULL, side, NULL, NULL, NULL, NULL };
+    pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx, side, side_grad, NULL, NULL, NULL };
+    /* Where the router asks for it, the sums pass stores g (in side_grad,
+     * which must receive it anyway, else in dx) and dx is the plain
+     * gradient of g: act' is formed once, and side is read once. */
+    params plain_pp = pp;
+    void *g_out = fused && dx ? (side_grad ? side_grad : dx) : NULL;
+    if (g_out && cfbn_route_store_g(s->dtype, pp.act, side_grad != NULL, pp.stream) &&
+        !overlaps(g_out, dy, s) && !overlaps(g_out, x, s) && !overlaps(g_out, side, s)) {
+        gs.g_out = g_out;
+        plain_pp.act = CFBN_ACT_NONE;
+        ga = (pass){ k, &p, &plain_pp, PASS_GAPPLY, g_out, x, dx, NULL, NULL, NULL, NULL, NULL };
+    }
     /* (a side input does not send the gradient pass by pass, bn_route.c) */
     if (dx && a->training && per_channel(&p, 2, 0)) {
         /* One task per channel: sums, then dx while dy and x are in cache. */

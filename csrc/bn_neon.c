@@ -829,26 +829,30 @@ INLINE void apply_rows_fused_s(const void *x, void *y, int64_t rows, int64_t w, 
  * gstats_step forms them (each g and d widened, the product an FMA in
  * double) -- */
 
-INLINE void fgstats_blk(acc4 *acc, float32x4_t dy, float32x4_t x, float32x4_t s, int hs, const fpar_s *q, int kind,
-                        float32x4_t al)
+INLINE void fgstats_blk(acc4 *acc, const void *dy, const void *x, const void *side, void *go, int64_t i, int hs,
+                        const fpar_s *q, int kind, float32x4_t al, int dt)
 {
-    gstats_step(acc, fg_s(dy, x, s, hs, q, kind, al), centered_s(x, q->mhi, q->mlo));
+    float32x4_t v = ld4(x, i, dt);
+    float32x4_t g = fg_s(ld4(dy, i, dt), v, fside4(side, i, dt), hs, q, kind, al);
+    if (go) st4(go, i, g, dt);
+    gstats_step(acc, g, centered_s(v, q->mhi, q->mlo));
 }
 
 /* A partial block: its dead lanes read as 0, but g and d are formed from
  * whatever the parameters make of them (an inf mean, a NaN act'), so both
  * are masked to +0 before they reach the sums. */
-INLINE void fgstats_part(acc4 *acc, const void *dy, const void *x, const void *side, int64_t i, int64_t cnt,
+INLINE void fgstats_part(acc4 *acc, const void *dy, const void *x, const void *side, void *go, int64_t i, int64_t cnt,
                          int64_t avail, const fpar_s *q, int kind, float32x4_t al, int dt)
 {
     uint32x4_t mk = mask_s(cnt);
     float32x4_t g = ld_part(dy, i, cnt, avail, dt), v = ld_part(x, i, cnt, avail, dt);
     float32x4_t s = fside_part(side, i, cnt, avail, dt);
     g = fg_s(g, v, s, side != NULL, q, kind, al);
+    if (go) st_part(go, i, g, cnt, dt);
     gstats_step(acc, and_s(g, mk), and_s(centered_s(v, q->mhi, q->mlo), mk));
 }
 
-INLINE void fgstats_flat(const void *dy, const void *x, const void *side, int64_t n, const fpar_s *q, int kind,
+INLINE void fgstats_flat(const void *dy, const void *x, const void *side, void *go, int64_t n, const fpar_s *q, int kind,
                          float act_alpha, int dt, acc4 *ea, acc4 *oa)
 {
     const float32x4_t al = vdupq_n_f32(act_alpha);
@@ -856,16 +860,16 @@ INLINE void fgstats_flat(const void *dy, const void *x, const void *side, int64_
     acc4 a = acc4_zero(), b = acc4_zero();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        fgstats_blk(&a, ld4(dy, i, dt), ld4(x, i, dt), fside4(side, i, dt), hs, &q[0], kind, al);
-        fgstats_blk(&b, ld4(dy, i + 4, dt), ld4(x, i + 4, dt), fside4(side, i + 4, dt), hs, &q[1], kind, al);
+        fgstats_blk(&a, dy, x, side, go, i, hs, &q[0], kind, al, dt);
+        fgstats_blk(&b, dy, x, side, go, i + 4, hs, &q[1], kind, al, dt);
     }
     if (i + 4 <= n) {
-        fgstats_blk(&a, ld4(dy, i, dt), ld4(x, i, dt), fside4(side, i, dt), hs, &q[0], kind, al);
+        fgstats_blk(&a, dy, x, side, go, i, hs, &q[0], kind, al, dt);
         i += 4;
     }
     if (i < n) {
-        if ((i >> 2) & 1) fgstats_part(&b, dy, x, side, i, n - i, n - i, &q[1], kind, al, dt);
-        else fgstats_part(&a, dy, x, side, i, n - i, n - i, &q[0], kind, al, dt);
+        if ((i >> 2) & 1) fgstats_part(&b, dy, x, side, go, i, n - i, n - i, &q[1], kind, al, dt);
+        else fgstats_part(&a, dy, x, side, go, i, n - i, n - i, &q[0], kind, al, dt);
     }
     *ea = a;
     *oa = b;
@@ -878,7 +882,7 @@ INLINE void gstats_run_fused_s(const void *dy, const void *x, int64_t n, const c
     fpar_s q[2];
     fpar_run(q, p->mhi, p->mlo, on ? p->ya : NULL, on ? p->yb : NULL, NULL, NULL, NULL);
     acc4 a, b;
-    fgstats_flat(dy, x, on ? p->side : NULL, n, q, kind, p->act_alpha, dt, &a, &b);
+    fgstats_flat(dy, x, on ? p->side : NULL, p->g_out, n, q, kind, p->act_alpha, dt, &a, &b);
     acc4 t = acc4_add(a, b);
     acc[0] = sum_acc_s1(t);
     acc[1] = sum_acc_s2(t);
@@ -896,7 +900,7 @@ INLINE void gstats_rows_fused_s(const void *dy, const void *x, int64_t rows, int
         double s1[8], s2[8];
         fpar_lanes(q, w, p->mhi, p->mlo, ya, yb, NULL, NULL, NULL);
         acc4 a, b;
-        fgstats_flat(dy, x, side, rows * w, q, kind, p->act_alpha, dt, &a, &b);
+        fgstats_flat(dy, x, side, p->g_out, rows * w, q, kind, p->act_alpha, dt, &a, &b);
         acc4_store(&a, s1, s2);
         acc4_store(&b, s1 + 4, s2 + 4);
         fold_lanes(s1, 8, w, acc);
@@ -908,6 +912,7 @@ INLINE void gstats_rows_fused_s(const void *dy, const void *x, int64_t rows, int
     const float32x4_t al = vdupq_n_f32(p->act_alpha);
     const int hs = side != NULL;
     const int64_t full = w & ~(int64_t)3, cnt = w - full, n = rows * w;
+    void *go = p->g_out;
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
     acc4 t = acc4_zero();
     fpar_s tq = fpar_tail(full, cnt, p->mhi, p->mlo, ya, yb, NULL, NULL, NULL);
@@ -917,13 +922,13 @@ INLINE void gstats_rows_fused_s(const void *dy, const void *x, int64_t rows, int
         for (int64_t j = 0; j < full; j += 4) {
             fpar_s q = fpar_cols(j, p->mhi, p->mlo, ya, yb, NULL, NULL, NULL);
             acc4 c = acc4_load(acc + j, acc + w + j);
-            fgstats_blk(&c, ld4(dy, o0 + j, dt), ld4(x, o0 + j, dt), fside4(side, o0 + j, dt), hs, &q, kind, al);
-            fgstats_blk(&c, ld4(dy, o1 + j, dt), ld4(x, o1 + j, dt), fside4(side, o1 + j, dt), hs, &q, kind, al);
+            fgstats_blk(&c, dy, x, side, go, o0 + j, hs, &q, kind, al, dt);
+            fgstats_blk(&c, dy, x, side, go, o1 + j, hs, &q, kind, al, dt);
             acc4_store(&c, acc + j, acc + w + j);
         }
         if (cnt) {
-            fgstats_part(&t, dy, x, side, o0 + full, cnt, n - o0 - full, &tq, kind, al, dt);
-            fgstats_part(&t, dy, x, side, o1 + full, cnt, n - o1 - full, &tq, kind, al, dt);
+            fgstats_part(&t, dy, x, side, go, o0 + full, cnt, n - o0 - full, &tq, kind, al, dt);
+            fgstats_part(&t, dy, x, side, go, o1 + full, cnt, n - o1 - full, &tq, kind, al, dt);
         }
     }
     if (r < rows) {
@@ -931,10 +936,10 @@ INLINE void gstats_rows_fused_s(const void *dy, const void *x, int64_t rows, int
         for (int64_t j = 0; j < full; j += 4) {
             fpar_s q = fpar_cols(j, p->mhi, p->mlo, ya, yb, NULL, NULL, NULL);
             acc4 c = acc4_load(acc + j, acc + w + j);
-            fgstats_blk(&c, ld4(dy, o0 + j, dt), ld4(x, o0 + j, dt), fside4(side, o0 + j, dt), hs, &q, kind, al);
+            fgstats_blk(&c, dy, x, side, go, o0 + j, hs, &q, kind, al, dt);
             acc4_store(&c, acc + j, acc + w + j);
         }
-        if (cnt) fgstats_part(&t, dy, x, side, o0 + full, cnt, n - o0 - full, &tq, kind, al, dt);
+        if (cnt) fgstats_part(&t, dy, x, side, go, o0 + full, cnt, n - o0 - full, &tq, kind, al, dt);
     }
     if (cnt) acc4_store_part(&t, acc + full, acc + w + full, cnt);
 }

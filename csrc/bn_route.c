@@ -102,6 +102,25 @@ int cfbn_route_per_channel(int64_t pieces, int planes, int64_t slice, int64_t C,
     return slice <= CHANNEL_PASS_MAX_SLICE && slice * C >= (grad ? CHANNEL_PASS_MIN_BYTES_GRAD : CHANNEL_PASS_MIN_BYTES);
 }
 
+/* Stored g: float32 tensors only, where g is exactly the float the
+ * elementwise pass would form, so dx keeps its bits; a 2-byte g would be
+ * rounded to the storage type.  For relu, relu6 and leaky_relu without a side
+ * input, act' is a compare and the store costs more than it saves.  Not when
+ * the outputs stream (cfbn_route_stream): g's regular stores then cost a
+ * read for ownership of every line, and streaming dx over g's lines writes
+ * them back twice.  Measured with benchmarks/fusion.py, float32, the ratio to
+ * the plain gradient, recompute -> stored, 1 / 2 threads:
+ *   silu (32,28,28,128) NHWC 2.03 -> 1.50 / 2.12 -> 1.50, NCHW 3.05 -> 1.97 /
+ *   2.98 -> 1.92; (8,32,32,32) NHWC 2.70 -> 1.78 / 3.41 -> 2.30;
+ *   relu with a side input (8,32,32,32) NHWC 2.26 -> 1.72 / 2.19 -> 1.62;
+ *   but streamed, (32,56,56,64) NCHW: silu 2.17 -> 2.90 / 2.37 -> 3.33,
+ *   relu with a side input 1.87 -> 2.47 / 1.82 -> 2.41. */
+int cfbn_route_store_g(int dtype, int act, int side_grad, int stream)
+{
+    if (dtype != CFBN_F32 || act == CFBN_ACT_NONE || stream) return 0;
+    return side_grad || !(act == CFBN_ACT_RELU || act == CFBN_ACT_RELU6 || act == CFBN_ACT_LEAKY_RELU);
+}
+
 /* ---- tables ---- */
 
 const cfbn_float_kernels *cfbn_route_float_table(const cfbn_kernels *k, int dtype)
@@ -313,6 +332,7 @@ static void fallback_gstats_f32(const cfbn_float_kernels *o, int dtype, const vo
 {
     float xb[FUSE_BLOCK], tb[FUSE_BLOCK];
     double part[2 * FUSE_BLOCK];
+    size_t es = cfbn_storage_size(dtype);
     int64_t na = is_run ? 1 : w;
     for (int64_t j = 0; j < 2 * na; j++) acc[j] = 0.0;
     fuse_iter it = fuse_begin(rows, w, is_run);
@@ -321,7 +341,9 @@ static void fallback_gstats_f32(const cfbn_float_kernels *o, int dtype, const vo
         int64_t n = b.rows * b.w;
         const float *xs = block_x_f(dtype, x, &b, xb);
         block_g_f32(o, dtype, xs, dy, p, &b, is_run, tb);
-        cfbn_grad_f32 q = {p->mhi + b.col, p->mlo + b.col, NULL, NULL, NULL, 0, 0, 0.0f, NULL, NULL, NULL, NULL, 0, 0};
+        if (p->g_out) narrow_f(dtype, tb, at_w(p->g_out, b.off, es), n);
+        cfbn_grad_f32 q = {p->mhi + b.col, p->mlo + b.col, NULL, NULL, NULL, 0, 0, 0.0f, NULL, NULL, NULL, NULL, 0, 0,
+                           NULL};
         if (is_run) o->gstats_run(tb, xs, n, &q, part);
         else o->gstats_rows(tb, xs, b.rows, b.w, &q, part);
         fuse_add_part(acc, part, &b, w, is_run);
@@ -340,7 +362,7 @@ static void fallback_gapply_f32(const cfbn_float_kernels *o, int dtype, const vo
         widen_f(dtype, at(x, b.off, es), xb, n);
         block_g_f32(o, dtype, xb, dy, p, &b, is_run, tb);
         cfbn_grad_f32 q = {p->mhi + b.col, p->mlo + b.col, p->a + b.col, p->b + b.col, p->c + b.col,
-                           0, 0, 0.0f, NULL, NULL, NULL, NULL, 0, 0};
+                           0, 0, 0.0f, NULL, NULL, NULL, NULL, 0, 0, NULL};
         if (is_run) o->gapply_run(tb, xb, ub, n, &q);
         else o->gapply_rows(tb, xb, ub, b.rows, b.w, &q);
         if (p->side_grad) narrow_f(dtype, tb, at_w(p->side_grad, b.off, es), n);
@@ -507,6 +529,7 @@ void cfbn_route_gstats_f32(const cfbn_kernels *k, int dtype, const void *dy, con
         double s1 = 0.0, s2 = 0.0, part[2];
         for (int64_t r = 0; r < p->runs; r++) {
             q.side = at(p->side, r * p->stride, es);
+            q.g_out = at_w(p->g_out, r * p->stride, es);
             prefetch_run_inputs(at(dy, r * p->stride, es), at(x, r * p->stride, es), rows * (int64_t)es);
             if (q.side) prefetch_next_run(q.side, rows * (int64_t)es);
             cfbn_route_gstats_f32(k, dtype, at(dy, r * p->stride, es), at(x, r * p->stride, es), rows, w, 1, &q,

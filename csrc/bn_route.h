@@ -55,6 +55,13 @@ void cfbn_route_ggapply(const cfbn_kernels *k, int dtype, const void *dy, const 
 
 /* ---- pass policy ---- */
 
+/* Whether a fused gradient's sums pass stores g = dy * act'(pre) (in
+ * side_grad, or else in dx) for the elementwise pass to read back, instead of
+ * that pass forming act' again from dy, x and side: where act' costs more
+ * than the store, or a side input makes the store save a read.  stream: the
+ * gradient's outputs are written with non-temporal stores. */
+int cfbn_route_store_g(int dtype, int act, int side_grad, int stream);
+
 /* Whether a pass touching `bytes` in all its tensors writes its output with
  * non-temporal stores; grad: the gradient's elementwise pass (three tensors),
  * else a normalization pass. */

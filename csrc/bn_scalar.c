@@ -112,6 +112,7 @@ static inline void gstats_fused_s(const void *dy, const void *x, int64_t rows, i
             int64_t c = is_run ? 0 : j, i = r * w + j;
             float g = fused_g_s(dy, x, i, c, p, dt);
             float d = (ld(x, i, dt) - p->mhi[c]) - p->mlo[c];
+            if (p->g_out) st(p->g_out, i, g, dt);
             acc[c] += (double)g;
             acc[na + c] += (double)g * (double)d;
         }

@@ -92,7 +92,11 @@ typedef struct {
  *   gapply: dx = g * a + (((x - mhi) - mlo) * b + c), and side_grad = g
  *           when side_grad is not NULL
  * ya, yb and side are read only when act is not NONE; with act NONE and
- * side_grad NULL the kernels run exactly the plain gradient. */
+ * side_grad NULL the kernels run exactly the plain gradient.
+ * g_out: NULL, or where the fused gstats entries (act not NONE) also store
+ * each g they sum, in the storage type, at the element's offset; it overlaps
+ * none of the inputs.  The driver then runs the plain gapply on g rather
+ * than forming act' a second time (bn_route.h: cfbn_route_store_g). */
 typedef struct {
     const float *mhi, *mlo, *a, *b, *c;
     int stream;
@@ -102,6 +106,7 @@ typedef struct {
     const void *side;
     void *side_grad;
     int64_t runs, stride;   /* run kernels: see below */
+    void *g_out;
 } cfbn_grad_f32;
 typedef struct {
     const double *mhi, *mlo, *a, *b, *c;

@@ -205,6 +205,39 @@ def test_in_place_on_side_input_and_dy(isa):
     np.testing.assert_array_equal(gg.side_input_backprop, gw.side_input_backprop)
 
 
+# channels-last rows of 16 and 40 columns, channels-first planes of 49
+# (several runs per call) and of 1024 (one task per channel)
+STORED_G_SHAPES = [("NHWC", (4, 9, 9, 16)), ("NHWC", (3, 5, 7, 40)), ("NCHW", (32, 7, 7, 7)),
+                   ("NCHW", (8, 32, 32, 32))]
+
+
+@pytest.mark.parametrize("layout,shape", STORED_G_SHAPES, ids=lambda v: v if isinstance(v, str) else
+                         "x".join(map(str, v)))
+@pytest.mark.parametrize("act", ["silu", "tanh", "elu", "relu"])
+@pytest.mark.parametrize("with_side", [False, True], ids=["noside", "side"])
+def test_stored_g_keeps_the_bits(isa, layout, shape, act, with_side):
+    """A float32 gradient whose sums pass stores g (in side_input_backprop,
+    else in x_backprop) gives the bits of the one that forms g twice, which
+    the driver takes when the output that would hold g is an input's memory
+    (here dy's)."""
+    rng = np.random.default_rng(seed_of(layout, shape, act, with_side))
+    C = shape[-1] if layout == "NHWC" else shape[1]
+    x = (rng.standard_normal(shape) * 3 + 2).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    side = rng.standard_normal(shape).astype(np.float32) if with_side else None
+    s = rng.uniform(0.5, 2, C).astype(np.float32)
+    o = rng.standard_normal(C).astype(np.float32)
+    f = cfbn.fused_batch_norm(x, s, o, data_format=layout, activation=act, side_input=side)
+    kw = dict(data_format=layout, offset=o, activation=act, side_input=side)
+    stored = cfbn.fused_batch_norm_grad(dy, x, s, f.reserve_space_1, f.reserve_space_2, **kw)
+    dyb = dy.copy()
+    out = {"side_input_backprop": dyb} if with_side else {"x_backprop": dyb}
+    twice = cfbn.fused_batch_norm_grad(dyb, x, s, f.reserve_space_1, f.reserve_space_2, out=out, **kw)
+    for a, b in zip(stored, twice):
+        if a is not None:
+            np.testing.assert_array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+
+
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 def test_thread_count_does_not_matter(isa, layout):
     rng = np.random.default_rng(11)

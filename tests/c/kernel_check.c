@@ -228,6 +228,8 @@ static int64_t g_runs = 0, g_stride = 0;
 /* with g_side, the side input handed to the table under test when not NULL
  * (an array that is also the output), else the case's own */
 static const void *g_side_at = NULL;
+/* where the float tables' fused gradient sums store g (cfbn_grad_f32.g_out) */
+static void *g_gout = NULL;
 
 static void *alloc_param(tcase *t, int slot, const double *v, int64_t w)
 {
@@ -355,7 +357,7 @@ static void call(const cfbn_kernels *k, int kind, const tcase *t, const void *x,
         cfbn_apply_f32 ap = {t->mhi, t->mlo, t->pa, t->pb, g_stream, g_act, (float)g_alpha, side,
                              g_runs, g_stride};
         cfbn_grad_f32 gp = {t->mhi, t->mlo, t->pa, t->pb, t->pc, g_stream, g_act, (float)g_alpha,
-                            t->pa, t->pb, side, side_grad, g_runs, g_stride};
+                            t->pa, t->pb, side, side_grad, g_runs, g_stride, g_gout};
         if (kind == K_APPLY) cfbn_route_apply_f32(k, t->dt, x, out, nr, w, !rows, &ap);
         else if (kind == K_GSTATS) cfbn_route_gstats_f32(k, t->dt, dy, x, nr, w, !rows, &gp, out);
         else cfbn_route_gapply_f32(k, t->dt, dy, x, out, nr, w, !rows, &gp);
@@ -758,6 +760,52 @@ static int check_fused_runs(const cfbn_kernels *k, int kind, const tcase *t, int
     return tally(ok);
 }
 
+/* g stored by the fused gradient sums (cfbn.h: g_out), float tables: the
+ * sums must be those of the same call without g_out, and g the side_grad of
+ * the same table's fused gapply, bit for bit (both form g in one way).  R > 1
+ * runs of len elements, t->n / R apart, as check_fused_runs; the elements
+ * between them keep their poison (as the gapply's side_grad must). */
+static int check_stored_g(const cfbn_kernels *k, const tcase *t, int scenario, int64_t R, int64_t len)
+{
+    int dt = t->dt;
+    size_t es = esize[dt];
+    int64_t np = t->rows_kind ? t->w : 1;
+    tcase one = *t;
+    if (R > 1) one.n = len;
+    outbuf g, sg, dx;
+    out_init(&g, (size_t)t->n, es);
+    out_init(&sg, (size_t)t->n, es);
+    out_init(&dx, (size_t)t->n, es);
+    out_poison(&g);
+    out_poison(&sg);
+    out_poison(&dx);
+    double *plain = malloc((size_t)(2 * np) * sizeof *plain), *stored = malloc((size_t)(2 * np) * sizeof *stored);
+    if (!plain || !stored) exit(2);
+    g_runs = R > 1 ? R : 0;
+    g_stride = R > 1 ? t->n / R : 0;
+    call(k, K_GSTATS, &one, t->x, t->dy, plain, NULL);
+    g_gout = g.p;
+    call(k, K_GSTATS, &one, t->x, t->dy, stored, NULL);
+    g_gout = NULL;
+    call(k, K_GAPPLY, &one, t->x, t->dy, dx.p, sg.p);
+    g_runs = g_stride = 0;
+    int ok = 1;
+    if (!out_guards_ok(&g)) ok = report(k, K_GSTATS, &one, scenario, "stored g: guard overwritten", -1, 0, 0, 0);
+    else if (memcmp(plain, stored, (size_t)(2 * np) * sizeof *plain) != 0)
+        ok = report(k, K_GSTATS, &one, scenario, "stored g: sums changed", -1, 0, 0, 0);
+    for (int64_t i = 0; i < t->n && ok; i++) {
+        if (memcmp(g.p + (size_t)i * es, sg.p + (size_t)i * es, es) != 0)
+            ok = report(k, K_GSTATS, &one, scenario, "stored g against gapply's side_grad", i, get(dt, g.p, i),
+                        get(dt, sg.p, i), 0);
+    }
+    free(plain);
+    free(stored);
+    out_free(&g);
+    out_free(&sg);
+    out_free(&dx);
+    return tally(ok);
+}
+
 /* Rounding to the 2-byte types, bit for bit: every 2-byte pattern x times
  * alpha (mhi = mlo = beta = 0, so the float result is the one rounding of
  * x * alpha + 0 with or without FMA) must be stored as storage.h rounds that
@@ -838,6 +886,13 @@ static void check_fused_table(const cfbn_kernels *k)
                             for (int kind = K_APPLY; kind <= K_GAPPLY; kind++) {
                                 if (s >= 4 && kind != K_GSTATS) continue;
                                 check_fused(k, kind, &t, s, 0);
+                                if (kind == K_GSTATS && g_act != CFBN_ACT_NONE && dt != CFBN_F64) {
+                                    check_stored_g(k, &t, s, 1, 0);
+                                    if (a < nn && t.n >= 19) {
+                                        check_stored_g(k, &t, s, 3, t.n / 3 - 1);
+                                        check_stored_g(k, &t, s, 19, t.n / 19 - 1);
+                                    }
+                                }
                                 if (kind != K_GSTATS) check_fused(k, kind, &t, s, 1);
                                 if (kind == K_GAPPLY || (kind == K_APPLY && g_side)) check_fused(k, kind, &t, s, 2);
                                 /* several runs per call: long runs with tails, and
