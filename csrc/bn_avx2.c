@@ -1877,7 +1877,11 @@ INLINE void fapply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, cons
 }
 
 /* ---- gradient sums: sum g, sum g * ((x - mhi) - mlo), in double ----
- * go (cfbn_grad_f32.g_out): NULL, or where each g summed is also stored */
+ * go (cfbn_grad_f32.g_out): NULL, or where each g summed is also stored.
+ * The loops that prefetch their inputs prefetch go's lines with them:
+ * without, the stores waited on their lines (perf: a quarter of the rows
+ * loop's samples on one store); (32,28,28,128) NHWC, relu with a side
+ * input, gradient, one thread: 4.4-5.4 -> 3.7-3.8 ms (plain: 2.4 ms). */
 
 INLINE void st_g(void *go, int64_t i, __m256 g, int dt)
 {
@@ -1899,6 +1903,7 @@ INLINE void fgstats_flat_ps(const void *dy, const void *x, const void *side, voi
     for (; i + 16 <= n; i += 16) {
         prefetch_ahead_of(x, i, dt);
         prefetch_ahead_of(dy, i, dt);
+        if (go) prefetch_ahead_of(go, i, dt);
         __m256 x0 = ld8(x, i, dt), x1 = ld8(x, i + 8, dt);
         __m256 s0 = hs ? ld8(side, i, dt) : z, s1 = hs ? ld8(side, i + 8, dt) : z;
         __m256 g0 = fused_g_ps(ld8(dy, i, dt), x0, s0, q, kind, hs, al);
@@ -1969,6 +1974,7 @@ INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, i
             if (kr == 8) {
                 prefetch_group_l2(dy, o, j, es);
                 prefetch_group_l2(x, o, j, es);
+                if (go) prefetch_group_l2(go, o, j, es);
             }
             acc8 c = acc8_zero();
             for (int64_t k = 0; k < kr; k++) {
@@ -2045,6 +2051,7 @@ INLINE void fgstats_rows8_ps(const void *dy, const void *x, const void *side, in
             prefetch_group_l2(dy, o, j, es);
             prefetch_group_l2(x, o, j, es);
             if (hs) prefetch_group_l2(side, o, j, es);
+            if (go) prefetch_group_l2(go, o, j, es);
             const __m256 q[4] = {_mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j),
                                  _mm256_loadu_ps(p->ya + j), _mm256_loadu_ps(p->yb + j)};
             __m256 sg[4], sq[4];
@@ -2094,6 +2101,7 @@ INLINE void fgstats_tree_vec(const void *dy, const void *x, const void *side, vo
                     prefetch_ahead_of(x, e0, dt);
                     prefetch_ahead_of(dy, e0, dt);
                     if (hs) prefetch_ahead_of(side, e0, dt);
+                    if (go) prefetch_ahead_of(go, e0, dt);
                 }
                 __m256 x0 = ld8(x, e0, dt), s0 = hs ? ld8(side, e0, dt) : z;
                 g[k] = fused_g_ps(ld8(dy, e0, dt), x0, s0, q, kind, hs, al);
