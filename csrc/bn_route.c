@@ -105,7 +105,8 @@ int cfbn_route_per_channel(int64_t pieces, int planes, int64_t slice, int64_t C,
 /* Stored g: float32 tensors only, where g is exactly the float the
  * elementwise pass would form, so dx keeps its bits; a 2-byte g would be
  * rounded to the storage type.  For relu, relu6 and leaky_relu without a side
- * input, act' is a compare and the store costs more than it saves.  Not when
+ * input, act' is a compare: storing g there changed no ratio beyond the
+ * noise of two fusion.py runs (relu gradient 0.95-1.47 either way).  Not when
  * the outputs stream (cfbn_route_stream): g's regular stores then cost a
  * read for ownership of every line, and streaming dx over g's lines writes
  * them back twice.  Measured with benchmarks/fusion.py, float32, the ratio to
