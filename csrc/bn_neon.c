@@ -852,8 +852,8 @@ INLINE void fgstats_part(acc4 *acc, const void *dy, const void *x, const void *s
     gstats_step(acc, and_s(g, mk), and_s(centered_s(v, q->mhi, q->mlo), mk));
 }
 
-INLINE void fgstats_flat(const void *dy, const void *x, const void *side, void *go, int64_t n, const fpar_s *q, int kind,
-                         float act_alpha, int dt, acc4 *ea, acc4 *oa)
+INLINE void fgstats_flat(const void *dy, const void *x, const void *side, void *go, int64_t n, const fpar_s *q,
+                         int kind, float act_alpha, int dt, acc4 *ea, acc4 *oa)
 {
     const float32x4_t al = vdupq_n_f32(act_alpha);
     const int hs = side != NULL;
