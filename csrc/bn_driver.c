@@ -894,8 +894,9 @@ int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
     double *sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
     int rc = -1;
     if (!shift || !sums) goto done;
-    pass st = { k, &p, &pp, PASS_STATS, x, NULL, NULL, NULL, NULL, NULL, NULL };
-    pass ap = { k, &p, &pp, PASS_APPLY, x, NULL, y, fusion ? fusion->side : NULL, NULL, NULL, NULL };
+    pass st = { .k = k, .p = &p, .pp = &pp, .kind = PASS_STATS, .a = x };
+    pass ap = { .k = k, .p = &p, .pp = &pp, .kind = PASS_APPLY,
+                .a = x, .out = y, .side = fusion ? fusion->side : NULL };
 
     if (by_channel) {
         /* One task per channel: its statistics, then its normalization while
@@ -933,7 +934,8 @@ static int apply_with_stats(const cfbn_kernels *k, const cfbn_shape *s, const vo
                          vec_get(scale, s->dtype, c), vec_get(offset, s->dtype, c), epsilon);
     }
     if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, P_APPLY_COUNT, p.C);
-    pass ap = { k, &p, &pp, PASS_APPLY, x, NULL, y, fusion ? fusion->side : NULL, NULL, NULL, NULL };
+    pass ap = { .k = k, .p = &p, .pp = &pp, .kind = PASS_APPLY,
+                .a = x, .out = y, .side = fusion ? fusion->side : NULL };
     int rc = run_pass(&ap, NULL, thread_count(s), NULL);
     params_free(&pp);
     return rc;
@@ -972,7 +974,7 @@ int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x, d
     double *sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
     int rc = -1;
     if (shift && sums) {
-        pass st = { k, &p, &pp, PASS_STATS, x, NULL, NULL, NULL, NULL, NULL, NULL };
+        pass st = { .k = k, .p = &p, .pp = &pp, .kind = PASS_STATS, .a = x };
         rc = run_pass(&st, shift, thread_count(s), sums);
         for (int64_t c = 0; rc == 0 && c < p.C; c++)
             cfbn_mean_m2(shift[c], sums[2 * c], sums[2 * c + 1], p.n, &mean[c], &m2[c]);
@@ -1089,8 +1091,9 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
 
     const void *side = fusion ? fusion->side : NULL;
     void *side_grad = fusion ? fusion->side_grad : NULL;
-    pass gs = { k, &p, &pp, PASS_GSTATS, dy, x, NULL, side, NULL, NULL, NULL, NULL };
-    pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx, side, side_grad, NULL, NULL, NULL };
+    pass gs = { .k = k, .p = &p, .pp = &pp, .kind = PASS_GSTATS, .a = dy, .b = x, .side = side };
+    pass ga = { .k = k, .p = &p, .pp = &pp, .kind = PASS_GAPPLY,
+                .a = dy, .b = x, .out = dx, .side = side, .side_grad = side_grad };
     /* Where the router asks for it, the sums pass stores g (in side_grad,
      * which must receive it anyway, else in dx) and dx is the plain
      * gradient of g: act' is formed once, and side is read once. */
@@ -1100,7 +1103,7 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
         !overlaps(g_out, dy, s) && !overlaps(g_out, x, s) && !overlaps(g_out, side, s)) {
         gs.g_out = g_out;
         plain_pp.act = CFBN_ACT_NONE;
-        ga = (pass){ k, &p, &plain_pp, PASS_GAPPLY, g_out, x, dx, NULL, NULL, NULL, NULL, NULL };
+        ga = (pass){ .k = k, .p = &p, .pp = &plain_pp, .kind = PASS_GAPPLY, .a = g_out, .b = x, .out = dx };
     }
     /* (a side input does not send the gradient pass by pass, bn_route.c) */
     if (dx && a->training && per_channel(&p, 2, 0)) {
@@ -1129,7 +1132,7 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
             params_set(&ip, P_BETA, c, 0.0);
         }
         if (s->layout == CFBN_CHANNELS_LAST) tile_params(&ip, P_APPLY_COUNT, p.C);
-        pass ap = { k, &p, &ip, PASS_APPLY, dy, NULL, dx, NULL, NULL, NULL, NULL };
+        pass ap = { .k = k, .p = &p, .pp = &ip, .kind = PASS_APPLY, .a = dy, .out = dx };
         rc = run_pass(&ap, NULL, nt, NULL);
     }
 done:
@@ -1172,7 +1175,7 @@ int cfbn_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, 
         set_grad_params(&pp, c, 1, (int64_t)count, vec_get(scale, s->dtype, c), r, sum_dy[c], sum_dy_xhat[c]);
     }
     if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, G_COUNT, p.C);
-    pass ga = { k, &p, &pp, PASS_GAPPLY, dy, x, dx, NULL, NULL, NULL, NULL };
+    pass ga = { .k = k, .p = &p, .pp = &pp, .kind = PASS_GAPPLY, .a = dy, .b = x, .out = dx };
     int rc = run_pass(&ga, NULL, thread_count(s), NULL);
     params_free(&pp);
     return rc;
@@ -1231,7 +1234,7 @@ static int gg_inference_dx(const cfbn_kernels *k, const cfbn_shape *s, const pla
         set_apply_params(&ap, c, 0.0, vec_get(a->saved_variance, dt, c), ggs, 0.0, a->epsilon);
     }
     if (s->layout == CFBN_CHANNELS_LAST) tile_params(&ap, P_APPLY_COUNT, p->C);
-    pass pd = { k, p, &ap, PASS_APPLY, dy, NULL, dx, NULL, NULL, NULL, NULL };
+    pass pd = { .k = k, .p = p, .pp = &ap, .kind = PASS_APPLY, .a = dy, .out = dx };
     int rc = run_pass(&pd, NULL, thread_count(s), NULL);
     params_free(&ap);
     return rc;
@@ -1264,7 +1267,7 @@ static int gg_without_ggx(const cfbn_kernels *k, const cfbn_shape *s, const plan
         vec_set(a->scale_backprop, dt, c, 0.0);
     }
     if (s->layout == CFBN_CHANNELS_LAST) tile_params(&gp, 2, p->C);
-    pass gs = { k, p, &gp, PASS_GSTATS, dy, x, NULL, NULL, NULL, NULL, NULL };
+    pass gs = { .k = k, .p = p, .pp = &gp, .kind = PASS_GSTATS, .a = dy, .b = x };
     if (a->training && run_pass(&gs, NULL, nt, sums) < 0) goto done;
     for (int64_t c = 0; c < p->C; c++) {
         double var = vec_get(a->saved_variance, dt, c), r = cfbn_rstd(var, a->epsilon);
@@ -1278,8 +1281,8 @@ static int gg_without_ggx(const cfbn_kernels *k, const cfbn_shape *s, const plan
         tile_params(&gp, G_COUNT, p->C);
         tile_params(&ap, P_APPLY_COUNT, p->C);
     }
-    pass ga = { k, p, &gp, PASS_GAPPLY, dy, x, dx, NULL, NULL, NULL, NULL };
-    pass px = { k, p, &ap, PASS_APPLY, x, NULL, ddy, NULL, NULL, NULL, NULL };
+    pass ga = { .k = k, .p = p, .pp = &gp, .kind = PASS_GAPPLY, .a = dy, .b = x, .out = dx };
+    pass px = { .k = k, .p = p, .pp = &ap, .kind = PASS_APPLY, .a = x, .out = ddy };
     if (a->training ? run_pass(&ga, NULL, nt, NULL) : gg_inference_dx(k, s, p, a, dy, dx)) goto done;
     rc = run_pass(&px, NULL, nt, NULL);
 done:
@@ -1309,8 +1312,9 @@ int cfbn_backward_backward(const cfbn_kernels *k, const cfbn_shape *s, int train
     if (!sums) goto done;
     for (int64_t c = 0; c < p.C; c++)
         params_set_mean(&pp, GG_MHI, GG_MLO, c, vec_get(saved_mean, s->dtype, c));
-    pass gs = { k, &p, &pp, PASS_GGSTATS, dy, x, NULL, NULL, NULL, ggx, NULL };
-    pass ga = { k, &p, &pp, PASS_GGAPPLY, dy, x, ddy, NULL, NULL, ggx, dx };
+    pass gs = { .k = k, .p = &p, .pp = &pp, .kind = PASS_GGSTATS, .a = dy, .b = x, .q = ggx };
+    pass ga = { .k = k, .p = &p, .pp = &pp, .kind = PASS_GGAPPLY,
+                .a = dy, .b = x, .out = ddy, .q = ggx, .out2 = dx };
     if (per_channel(&p, 3, 0)) {
         /* One task per channel: its sums, then its outputs while the
          * channel's three inputs are in cache. */
