@@ -36,8 +36,12 @@ rm -rf "$VENV" "$RUNDIR"
 "$(host_python "$VER")" -m venv "$VENV"
 "$VENV/bin/pip" install -q "$WHL" "numpy==$NUMPY" "${TEST_PACKAGES[@]}"
 # The launcher sits in the venv's bin, so Python finds pyvenv.cfg from it.
+# OPENBLAS_CORETYPE, where the host sets it (Haswell, say), would make
+# numpy's OpenBLAS run AVX2 kernels on the emulated CPU: unset, OpenBLAS
+# reads the emulated CPU's cpuid as on a real old machine.
 cat >"$LAUNCHER" <<SH
 #!/bin/sh
+unset OPENBLAS_CORETYPE
 exec qemu-x86_64 -cpu "$CPU" -0 "\$0" "$VENV/bin/python" "\$@"
 SH
 chmod +x "$LAUNCHER"
