@@ -187,7 +187,7 @@ def main(argv=None):
     info = cfbn.runtime_info()
     print("cfbn %s" % info["version"])
     for key in ("compiled_isas", "supported_isas", "selected_isa", "openmp", "max_threads",
-                "output_cache_limit"):
+                "output_cache_limit", "l2_cache_bytes"):
         print("  %-15s %s" % (key, info[key]))
     rng = np.random.default_rng(2024)
     tols = check_tolerances()

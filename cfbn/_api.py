@@ -322,7 +322,9 @@ def runtime_info():
         ``version``, ``compiled_isas``, ``supported_isas``, ``selected_isa``,
         ``openmp`` (bool), ``max_threads`` (threads used when n_threads is None),
         ``forked_child`` (True in the child of a ``fork()``, where every call
-        runs on one thread) and ``output_cache_limit``.
+        runs on one thread), ``output_cache_limit`` and ``l2_cache_bytes`` (one
+        core's L2 cache as the OS reports it, 0 if it does not; the router
+        chooses how channels-first gradients walk memory by it).
     """
     return {
         "version": __version__,
@@ -333,6 +335,7 @@ def runtime_info():
         "max_threads": _kernels.max_threads(),
         "forked_child": _kernels.forked_child(),
         "output_cache_limit": _kernels.output_cache_stats()["limit"],
+        "l2_cache_bytes": _kernels.l2_cache_bytes(),
     }
 
 

@@ -39,6 +39,7 @@ cdef extern from "cfbn.h":
     int cfbn_isa_supported(int isa)
     int cfbn_isa_best()
     const cfbn_kernels *cfbn_isa_table(int isa)
+    int64_t cfbn_cpu_l2_bytes()
     int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
                               const void *x, const void *scale, const void *offset,
                               const void *mean, const void *variance,
@@ -84,6 +85,10 @@ cdef extern from "cfbn.h":
     int cfbn_openmp_max_threads()
     int cfbn_threads_init()
     int cfbn_forked_child()
+
+cdef extern from "bn_route.h":
+    void cfbn_route_set_l2_bytes(int64_t l2)
+    int64_t cfbn_route_channel_pass_min_bytes(int grad)
 
 cdef extern from "out_cache.h":
     ctypedef struct cfbn_allocator:
@@ -172,6 +177,21 @@ def forked_child():
     calls then run on one thread (OpenMP's pool does not survive fork)."""
     return bool(cfbn_forked_child())
 
+
+def l2_cache_bytes():
+    """One core's L2 cache in bytes as the OS reports it (0: not reported)."""
+    return cfbn_cpu_l2_bytes()
+
+
+def _route_for_l2(l2_bytes):
+    """Set the router's gradient channel-at-a-time floor as for a core with
+    l2_bytes of L2 (what import does with l2_cache_bytes()); returns the
+    floor in bytes.  For tests: both walks must give the same bits."""
+    cfbn_route_set_l2_bytes(l2_bytes)
+    return cfbn_route_channel_pass_min_bytes(1)
+
+
+cfbn_route_set_l2_bytes(cfbn_cpu_l2_bytes())
 
 if cfbn_threads_init() != 0:
     raise MemoryError("cfbn: could not register the fork handler")

@@ -68,6 +68,22 @@
  * 93-99 / 42-44 -> 46 us, (8,64,32,32) 231-233 -> 204 / 92-93 -> 96-106 us,
  * so it keeps the 8 MB floor.  Same bits either way. */
 #define CHANNEL_PASS_MIN_BYTES_GRAD ((int64_t)1 << 20)
+/* That holds where a core has 2 MB of L2 or more (the machine above, an
+ * Intel Xeon).  On a core with 1 MB of L2 and a 32 MB L3 (AMD EPYC), plane
+ * order is the faster walk for the gradient passes up to tens of MB: float32
+ * NCHW, interleaved, channel by channel -> plane order, 1 / 2 threads,
+ * gradient (8,32,32,32) 77-79 -> 64-66 / 46-49 -> 38-40 us, (8,64,32,32)
+ * 152-157 -> 118-125 / 84-85 -> 72-76 us, (16,64,32,32) 275-286 -> 206-226 /
+ * 150-152 -> 118-127 us, (32,64,32,32) 685-725 -> 581-604 / 327-375 ->
+ * 267-317 us, (32,64,56,56) 2579-2619 -> 2393-2427 / 1806-1926 -> 1692-1828
+ * us; second order (8,32,32,32) 125-135 -> 110-121 / 72-75 -> 66-69 us,
+ * (16,64,32,32) 548-605 -> 462-475 / 285-307 -> 240-254 us, but
+ * (32,64,56,56) (77 MB read) 3070-3158 -> 3395-3529 us at 2 threads.  And
+ * beyond the L3 channel by channel wins there too ((64,64,112,112), above).
+ * Hence 64 MB where the L2 is known and smaller than 2 MB; where it is not
+ * known, 1 MB.  Same bits either way. */
+#define CHANNEL_PASS_MIN_BYTES_GRAD_SMALL_L2 ((int64_t)64 << 20)
+#define SMALL_L2_BYTES ((int64_t)2 << 20)
 /* Small planes with a side input go pass by pass instead, the elementwise
  * pass in memory order: a channel's planes of side, C*S elements apart (often
  * a multiple of the page size), would compete for the few cache sets that
@@ -95,11 +111,25 @@ int cfbn_route_flat(int64_t S)
     return S >= FLAT_MIN_PLANE;
 }
 
+/* Set once at import (cfbn_route_set_l2_bytes), read by every call. */
+static int64_t channel_pass_min_bytes_grad = CHANNEL_PASS_MIN_BYTES_GRAD;
+
+void cfbn_route_set_l2_bytes(int64_t l2)
+{
+    channel_pass_min_bytes_grad =
+        l2 > 0 && l2 < SMALL_L2_BYTES ? CHANNEL_PASS_MIN_BYTES_GRAD_SMALL_L2 : CHANNEL_PASS_MIN_BYTES_GRAD;
+}
+
+int64_t cfbn_route_channel_pass_min_bytes(int grad)
+{
+    return grad ? channel_pass_min_bytes_grad : CHANNEL_PASS_MIN_BYTES;
+}
+
 int cfbn_route_per_channel(int64_t pieces, int planes, int64_t slice, int64_t C, int side, int grad)
 {
     if (pieces != 1) return 0;
     if (!planes) return !side;
-    return slice <= CHANNEL_PASS_MAX_SLICE && slice * C >= (grad ? CHANNEL_PASS_MIN_BYTES_GRAD : CHANNEL_PASS_MIN_BYTES);
+    return slice <= CHANNEL_PASS_MAX_SLICE && slice * C >= cfbn_route_channel_pass_min_bytes(grad);
 }
 
 /* Stored g: float32 tensors only, where g is exactly the float the

@@ -83,4 +83,10 @@ int cfbn_route_flat(int64_t S);
  * floor is lower than the forward's. */
 int cfbn_route_per_channel(int64_t pieces, int planes, int64_t slice, int64_t C, int side, int grad);
 
+/* The gradient passes' floor for cfbn_route_per_channel follows one core's
+ * L2 cache (l2 bytes, 0 if unknown; cfbn_cpu_l2_bytes): set once, at import,
+ * before any call.  cfbn_route_channel_pass_min_bytes: the floor in use. */
+void cfbn_route_set_l2_bytes(int64_t l2);
+int64_t cfbn_route_channel_pass_min_bytes(int grad);
+
 #endif

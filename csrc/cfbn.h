@@ -322,6 +322,7 @@ int cfbn_isa_compiled(int isa);          /* the table is in this build */
 int cfbn_isa_supported(int isa);         /* compiled and this CPU/OS can run it */
 int cfbn_isa_best(void);                 /* the best supported ISA */
 const cfbn_kernels *cfbn_isa_table(int isa);  /* NULL unless supported */
+int64_t cfbn_cpu_l2_bytes(void);         /* one core's L2 cache as the OS reports it, 0 if unknown */
 
 /* bn_driver.c: a tensor seen as outer x channels x inner.
  * channels-last: outer = number of rows (N*H*W), inner = 1.

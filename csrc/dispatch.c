@@ -1,6 +1,7 @@
 /* CPU feature detection and the one choice of kernel table.  Baseline flags
  * only: nothing here may execute an instruction the CPU might lack. */
 #include <stddef.h>
+#include <stdio.h>
 
 #include "cfbn.h"
 
@@ -103,4 +104,41 @@ const cfbn_kernels *cfbn_isa_table(int isa)
 #endif
     default: return &cfbn_kernels_scalar;
     }
+}
+
+/* One core's L2 cache in bytes, from Linux's description of cpu0's caches
+ * (sysfs: the index whose level is 2 and whose type is Data or Unified), or
+ * 0 where the OS does not say.  The router's channel-at-a-time threshold for
+ * the gradient passes follows it (bn_route.c). */
+int64_t cfbn_cpu_l2_bytes(void)
+{
+#if defined(__linux__)
+    for (int i = 0; i < 16; i++) {
+        char path[96], text[32] = "";
+        int level = 0;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        FILE *f = fopen(path, "r");
+        if (!f) break;
+        int ok = fscanf(f, "%d", &level) == 1;
+        fclose(f);
+        if (!ok || level != 2) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+        if ((f = fopen(path, "r")) != NULL) {
+            ok = fscanf(f, "%31s", text) == 1 && text[0] != 'I';   /* not Instruction */
+            fclose(f);
+            if (!ok) continue;
+        }
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        if (!(f = fopen(path, "r"))) continue;
+        long long size = 0;
+        char unit = 0;
+        int n = fscanf(f, "%lld%c", &size, &unit);
+        fclose(f);
+        if (n < 1 || size <= 0) continue;
+        if (n == 2 && (unit == 'K' || unit == 'k')) size <<= 10;
+        else if (n == 2 && (unit == 'M' || unit == 'm')) size <<= 20;
+        return (int64_t)size;
+    }
+#endif
+    return 0;
 }
