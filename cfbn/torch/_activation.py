@@ -1,0 +1,47 @@
+"""cfbn's fused activations as in-place torch operations.
+
+For the paths that normalize with cfbn's split kernels (which take no
+activation) and apply the residual add and the activation afterwards.  The
+formulas are cfbn.reference.activation's; alpha defaults and checks are the
+one validator's (cfbn._args).
+"""
+import torch
+import torch.nn.functional as F
+
+from .. import _args
+
+
+def activate_(z, activation, alpha):
+    """act(z), written over z (a tensor no one else holds).
+
+    Parameters
+    ----------
+    z : Tensor
+        The pre-activation (normalized value plus any side input).
+    activation : str or None
+        One of cfbn's activations; None leaves z as it is.
+    alpha : float or None
+        leaky_relu's slope or elu's scale (None: the default).
+
+    Returns
+    -------
+    Tensor
+        z.
+    """
+    if activation is None:
+        return z
+    _, a = _args.activation(activation, alpha)
+    if activation == "relu":
+        return torch.relu_(z)
+    if activation == "relu6":
+        # clamp keeps NaN, as relu6(NaN) is NaN in the reference
+        return z.clamp_(0.0, 6.0)
+    if activation == "leaky_relu":
+        return F.leaky_relu_(z, a)
+    if activation == "elu":
+        return F.elu_(z, a)
+    if activation == "sigmoid":
+        return z.sigmoid_()
+    if activation == "tanh":
+        return z.tanh_()
+    return F.silu(z, inplace=True)
