@@ -2,151 +2,53 @@
 
 Each rank normalizes its shard of the batch with the whole batch's
 statistics, as ``torch.nn.SyncBatchNorm`` does, computed by cfbn's split
-kernels (cfbn._split): every rank reduces its shard to per-channel
-``(count, mean, m2)``, the rows are all-gathered and merged in rank order, so
-every rank holds the same statistics bit for bit.  CPU tensors, any backend
-that all-gathers float64 tensors (gloo).
+kernels (cfbn.torch._sync_function), the ranks first agreeing on channels
+and dtype (cfbn.torch._sync_check).  CPU tensors, any backend that
+all-gathers float64 and int64 tensors (gloo).
+
+It subclasses ``nn.modules.batchnorm._BatchNorm``, not ``nn.SyncBatchNorm``:
+DistributedDataParallel refuses a CPU model holding an ``nn.SyncBatchNorm``
+(that class's forward is CUDA's), and CPU data-parallel training is what
+this one is for.
 """
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .. import _kernels
-from .._split import (_merge, batch_norm_apply, batch_norm_grad_apply,
-                      batch_norm_grad_statistics, batch_norm_statistics)
-from . import _bridge, functional
-
-_F64 = np.dtype(np.float64)
-_HALF = (torch.float16, torch.bfloat16)
+from . import _bridge, _sync_check
+from ._sync_function import SyncFunction
+from .modules import _Fused
 
 
-def _rows(x):
-    """x as a contiguous (N, C, L, 1) tensor, read by the kernels as NCHW."""
-    inner = 1
-    for d in x.shape[2:]:
-        inner *= d
-    return x.detach().contiguous().reshape(x.shape[0], x.shape[1], inner, 1)
+def _flat(t):
+    # cfbn.torch.batch_norm takes up to 5-D; more spatial axes are the same
+    # normalization of the flattened view, which the kernels read the same way
+    return t if t is None or t.dim() <= 5 else t.flatten(2)
 
 
-def _param(p, x, channels, value):
-    """A per-channel parameter in the dtype the kernels take for x's dtype."""
-    dtype = torch.float32 if x.dtype in _HALF else x.dtype
-    if p is None:
-        return np.full(channels, value, dtype=np.float64).astype(
-            np.float32 if dtype is torch.float32 else _F64)
-    return _bridge.array(p.detach().to(dtype).contiguous())
+def _check_side_input(side_input, input):
+    if not isinstance(side_input, torch.Tensor):
+        raise TypeError("side_input: expected a torch.Tensor, got %s"
+                        % type(side_input).__name__)
+    if side_input.shape != input.shape:
+        raise ValueError("side_input: expected the input's shape %s, got %s"
+                         % (list(input.shape), list(side_input.shape)))
+    if side_input.dtype != input.dtype:
+        raise TypeError("side_input: expected the input's dtype %s, got %s"
+                        % (input.dtype, side_input.dtype))
+    _bridge.check_input(_flat(side_input), "side_input")
 
 
-def _gather(local, group):
-    """The rows of every rank of `group`, in rank order, as one (world, k) array."""
-    world = dist.get_world_size(group)
-    t = torch.from_numpy(local)
-    rows = [torch.empty_like(t) for _ in range(world)]
-    dist.all_gather(rows, t, group=group)
-    return torch.stack(rows).numpy()
+class SyncBatchNorm(_Fused, nn.modules.batchnorm._BatchNorm):
+    """torch.nn.SyncBatchNorm on cfbn's kernels, with ``activation=`` and
+    ``forward(input, side_input=None)``.
 
-
-def _like_input(y, x):
-    y = y.reshape(x.shape)
-    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
-        return y.contiguous(memory_format=torch.channels_last)
-    if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
-        return y.contiguous(memory_format=torch.channels_last_3d)
-    return y
-
-
-class _SyncFunction(torch.autograd.Function):
-    """Forward and backward of the synchronized batch norm; collectives in both."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, factor, eps, group):
-        channels = x.shape[1]
-        xr = _rows(x)
-        xa = _bridge.array(xr)
-        s = batch_norm_statistics(xa, data_format="NCHW")
-        local = np.empty(2 * channels + 1, _F64)
-        local[0] = s.count
-        local[1:channels + 1] = s.mean
-        local[channels + 1:] = s.m2
-        # All-gather then merge in rank order rather than all-reduce sums:
-        # (count, mean, m2) merges without cancellation, and a fixed order
-        # gives the same bits on every rank (a reduction's order is not
-        # promised).  Fixed-size rows carry the count, so shards may differ
-        # in size, and an empty shard (count 0, NaN moments) is the identity.
-        n, mu, m2 = 0, np.zeros(channels), np.zeros(channels)
-        for row in _gather(local, group):
-            n, mu, m2 = _merge(n, mu, m2, int(row[0]), row[1:channels + 1],
-                               row[channels + 1:])
-        if n < 2:
-            raise ValueError("Expected more than 1 value per channel when training, got "
-                             "input size %s (summed over the process group: %d)"
-                             % (list(x.shape), n))
-        var, bm, bv = (np.empty(channels, _F64) for _ in range(3))
-        running = running_mean is not None and factor != 1.0
-        # The fused kernel's own per-channel step (biased variance, Bessel
-        # correction with the global count, running averages).
-        _kernels.train_statistics(
-            n, mu, m2, factor if running else 1.0,
-            running_mean.detach().double().numpy() if running else None,
-            running_var.detach().double().numpy() if running else None, var, bm, bv)
-        if running_mean is not None:
-            with torch.no_grad():
-                running_mean.copy_(torch.from_numpy(bm))
-                running_var.copy_(torch.from_numpy(bv))
-        scale = _param(weight, x, channels, 1.0)
-        offset = _param(bias, x, channels, 0.0)
-        y = torch.empty_like(xr)
-        if xr.numel():
-            batch_norm_apply(xa, mu, var, scale, offset, epsilon=eps, data_format="NCHW",
-                             out=_bridge.array(y))
-        ctx.save_for_backward(x, weight)
-        ctx.stats = (mu, var, n, scale, eps, group)
-        ctx.has_bias = bias is not None
-        return _like_input(y, x)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        x, weight = ctx.saved_tensors
-        mu, var, n, scale, eps, group = ctx.stats
-        channels = x.shape[1]
-        xa = _bridge.array(_rows(x))
-        dyr = _rows(grad_out.to(x.dtype))
-        dya = _bridge.array(dyr)
-        g = batch_norm_grad_statistics(dya, xa, mu, var, epsilon=eps, data_format="NCHW")
-        local = np.concatenate([g.sum_dy, g.sum_dy_xhat])
-        # Summed in rank order on every rank, so dx does not depend on a
-        # reduction order; weight and bias keep this shard's sums, as
-        # nn.SyncBatchNorm's do (DDP averages them afterwards).
-        rows = _gather(local, group)
-        total = rows[0].copy()
-        for row in rows[1:]:
-            total += row
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            dx = torch.empty_like(dyr)
-            if dyr.numel():
-                batch_norm_grad_apply(dya, xa, scale, mu, var, total[:channels],
-                                      total[channels:], n, epsilon=eps, data_format="NCHW",
-                                      out=_bridge.array(dx))
-            grad_x = _like_input(dx, x)
-        grad_w = grad_b = None
-        if weight is not None and ctx.needs_input_grad[1]:
-            grad_w = torch.from_numpy(g.sum_dy_xhat).to(weight.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = torch.from_numpy(g.sum_dy).to(weight.dtype if weight is not None
-                                                   else x.dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None
-
-
-class SyncBatchNorm(nn.SyncBatchNorm):
-    """torch.nn.SyncBatchNorm on cfbn's kernels.
-
-    The same constructor (``num_features, eps, momentum, affine,
-    track_running_stats, process_group, device, dtype``), parameters,
-    buffers and state_dict as ``nn.SyncBatchNorm`` (and so
-    ``nn.BatchNorm2d``'s), for inputs (N, C, ...) of any rank >= 2.
+    ``nn.SyncBatchNorm``'s constructor (``num_features, eps, momentum,
+    affine, track_running_stats, process_group, device, dtype``),
+    parameters, buffers and state_dict (loadable both ways), for inputs
+    (N, C, ...) of any rank >= 2; plus ``activation=`` and ``alpha=`` (as
+    cfbn.torch.BatchNorm2d's) applied after the normalization and the
+    residual `side_input`.  Accepted by DistributedDataParallel on the CPU.
 
     In training with an initialized process group of more than one rank,
     each rank's shard is normalized with the statistics of the whole batch
@@ -155,54 +57,147 @@ class SyncBatchNorm(nn.SyncBatchNorm):
     statistics take the global mean and the variance Bessel-corrected by the
     global count.  The backward sums the per-rank gradient sums in rank
     order; ``weight.grad`` and ``bias.grad`` are this rank's shard's, as with
-    ``nn.SyncBatchNorm`` (DDP averages them across ranks).  Otherwise (eval,
-    one rank, no process group) it is cfbn.torch.batch_norm.
+    ``nn.SyncBatchNorm`` (DDP averages them across ranks).  Ranks whose
+    inputs disagree in channel count or dtype, or whose module's
+    num_features differ, all raise the same ValueError or TypeError; a rank
+    whose own input is refused raises its error and the others a
+    RuntimeError, rather than one waiting on the others.  Otherwise (eval,
+    one rank, no process group) it is cfbn.torch.batch_norm, except that a
+    momentum outside [0, 1], which nn.BatchNorm takes, is averaged with by
+    the split kernels.
     """
 
-    def forward(self, input):
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, process_group=None, device=None, dtype=None, *,
+                 activation=None, alpha=None, **kwargs):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device,
+                         dtype, activation=activation, alpha=alpha, **kwargs)
+        self.process_group = process_group
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError("expected at least 2D input (got %dD input)" % input.dim())
+
+    def _check_non_zero_input_channels(self, input):
+        if input.size(1) == 0:
+            raise ValueError("SyncBatchNorm number of input channels should be non-zero")
+
+    def _sized(self):
+        """The names of the per-channel tensors the input must match."""
+        names = [n for n in ("weight", "running_mean") if getattr(self, n) is not None]
+        return " and ".join(names)
+
+    def _check_input(self, input, side_input, group):
+        """nn.SyncBatchNorm's input checks, cfbn.torch's, and the side input's."""
+        self._check_input_dim(input)
+        self._check_non_zero_input_channels(input)
+        _bridge.check_input(_flat(input))
+        if side_input is not None:
+            _check_side_input(side_input, input)
+        if group is None and self._sized() and input.shape[1] != self.num_features:
+            # (with a group, the ranks' prefixes check it on every rank)
+            raise ValueError("input: expected num_features=%d channels (the length of %s), "
+                             "got input of shape %s"
+                             % (self.num_features, self._sized(), list(input.shape)))
+
+    def _group(self):
+        """The process group to synchronize over, or None."""
+        if not (self.training and dist.is_available() and dist.is_initialized()):
+            return None
+        group = self.process_group or dist.group.WORLD
+        return group if dist.get_world_size(group) > 1 else None
+
+    def _agree(self, input, side_input, group):
+        """(row prefix, names, pending prefix gather or None) for the
+        statistics' gather, once this rank's checks and, where known, every
+        rank's allow it; else the error every rank raises."""
+        names = self._sized()
+        num_features = self.num_features if names else None
+        error = None
+        try:
+            self._check_input(input, side_input, group)
+        except Exception as exc:
+            error = exc
+        row_prefix = _sync_check.prefix(input, num_features, error is not None)
+        if num_features is not None and _sync_check.agreed(self, group):
+            if error is None and row_prefix[1] == num_features:
+                return row_prefix, names, None
+            # The peers gather rows of the agreed size; this rank sends one
+            # too, so that they raise with it rather than wait or abort.
+            table = _sync_check.stand_in(group, row_prefix, num_features)
+            if error is None:
+                _sync_check.check(table, names)
+            raise error
+        pending = _sync_check.start(group, row_prefix, names,
+                                    None if num_features is None else self)
+        if error is not None:
+            pending.wait()
+            raise error
+        return row_prefix, names, pending
+
+    def forward(self, input, side_input=None):
         """Normalize this rank's shard `input` (N, C, ...) of the batch.
 
         Parameters
         ----------
         input : Tensor
             (N, C, ...) CPU tensor with num_features channels.
+        side_input : Tensor, optional
+            Added after the normalization and before the activation; the
+            input's shape and dtype.
 
         Returns
         -------
         Tensor
             The input's shape and dtype.
         """
-        self._check_input_dim(input)
-        self._check_non_zero_input_channels(input)
+        group = self._group()
+        if group is None:
+            self._check_input(input, side_input, None)
+            momentum = self.momentum
+            if momentum is None or 0.0 <= momentum <= 1.0 or not self.training \
+                    or not self.track_running_stats:
+                y = super().forward(_flat(input), _flat(side_input))
+                return y.reshape(input.shape) if input.dim() > 5 else y
+            # cfbn's fused kernels take a running-average weight in [0, 1];
+            # nn.BatchNorm takes any momentum, which the split kernels
+            # average with (one process: no gathers, no header).
+            return self._split_forward(input, side_input, None, None)
+        return self._split_forward(input, side_input, group,
+                                   self._agree(input, side_input, group))
+
+    def _split_forward(self, input, side_input, group, sync):
+        """Training on the split kernels (over `group` when one is given)."""
         momentum = self.momentum
         factor = 0.0 if momentum is None else momentum
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            if momentum is None:
-                factor = 1.0 / float(self.num_batches_tracked)
-        if self.training:
-            bn_training = True
-        else:
-            bn_training = self.running_mean is None and self.running_var is None
-        running_mean = self.running_mean if not self.training or self.track_running_stats \
-            else None
-        running_var = self.running_var if not self.training or self.track_running_stats \
-            else None
-        need_sync = bn_training and self.training and dist.is_available() \
-            and dist.is_initialized()
-        if need_sync:
-            group = self.process_group or dist.group.WORLD
-            need_sync = dist.get_world_size(group) > 1
-        if not need_sync:
-            # cfbn.torch.batch_norm takes up to 5-D; more spatial axes are
-            # the same normalization of the flattened view
-            x = input if input.dim() <= 5 else input.flatten(2)
-            y = functional.batch_norm(x, running_mean, running_var, self.weight, self.bias,
-                                      bn_training, factor, self.eps)
-            return y if x is input else y.reshape(input.shape)
-        # cfbn.torch's rules (CPU, a dtype cfbn computes); ranks above 5 are
-        # checked through a view with the spatial axes flattened, which the
-        # kernels read the same way.
-        _bridge.check_input(input if input.dim() <= 5 else input.flatten(2))
-        return _SyncFunction.apply(input, self.weight, self.bias, running_mean, running_var,
-                                   factor, self.eps, group)
+        running_mean = running_var = None
+        if self.track_running_stats:
+            running_mean, running_var = self.running_mean, self.running_var
+            if self.num_batches_tracked is not None:
+                self.num_batches_tracked.add_(1)
+                if momentum is None:
+                    factor = 1.0 / float(self.num_batches_tracked)
+        return SyncFunction.apply(input, self.weight, self.bias, side_input, running_mean,
+                                  running_var, factor, self.eps, self.activation, self.alpha,
+                                  group, sync)
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module, process_group=None):
+        """Replace `module`'s batch norms with SyncBatchNorm, as
+        ``nn.SyncBatchNorm.convert_sync_batchnorm`` does.
+
+        Parameters
+        ----------
+        module : torch.nn.Module
+            Converted in place.
+        process_group : torch.distributed.ProcessGroup, optional
+            The group the new modules synchronize over (None: the default
+            group).
+
+        Returns
+        -------
+        torch.nn.Module
+            `module`, or the new module when `module` itself is a batch norm.
+        """
+        from .convert import convert
+        return convert(module, sync=True, process_group=process_group)
