@@ -11,7 +11,9 @@ this package does, and registers the operators ``torch.ops.cfbn.batch_norm``,
 - `SyncBatchNorm`: ``torch.nn.SyncBatchNorm`` over torch.distributed (gloo,
   CPU), statistics merged exactly and identically on every rank.
 - `convert`: replaces a model's ``nn.BatchNorm*`` and ``nn.SyncBatchNorm``
-  with these, in place (optionally fusing a following ``nn.ReLU``).
+  with these, in place (optionally fusing the activation after them);
+  `register_block` declares a block class it fuses, `residual` is the
+  fused residual add such a block calls.
 
 CPU tensors of float32, float64, float16 and bfloat16, contiguous or
 channels-last, with no copies; differentiable twice; ``torch.compile``
@@ -27,6 +29,7 @@ from .functional import batch_norm
 from .modules import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from .sync import SyncBatchNorm
 from .convert import convert
+from .blocks import register_block, residual
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "batch_norm",
-           "convert", "ops"]
+           "convert", "ops", "register_block", "residual"]
