@@ -18,11 +18,13 @@ architecture, so a compiler cache hits from the second wheel on.  Only the
 Cython module takes the Python's flags.
 """
 import copy
+import importlib.util
 import itertools
 import os
 import re
 import shlex
 import shutil
+import subprocess
 import sysconfig
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -103,6 +105,64 @@ def build_jobs():
     return os.cpu_count() or 1
 
 
+# LibTorch's stable ABI as of torch 2.10: the operator library built against
+# it loads in 2.10 and every later release.
+TORCH_TARGET = (2, 10)
+TORCH_TARGET_MACRO = "0x020a000000000000"
+TORCH_OPS = os.path.join("cfbn", "torch", "_ops.so")
+
+
+def installed_torch():
+    """(include dir, library dir, version) of the PyTorch to build against, or
+    None: $CFBN_TORCH_DIR (a torch package folder, for wheels built by
+    Pythons that have no torch of their own: the library does not depend on
+    the Python), else the one this Python can import, found without
+    importing it (an import takes seconds)."""
+    root = os.environ.get("CFBN_TORCH_DIR")
+    if not root:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        root = list(spec.submodule_search_locations)[0]
+    try:
+        with open(os.path.join(root, "version.py")) as f:
+            found = re.search(r"__version__\s*=\s*['\"](\d+)\.(\d+)", f.read())
+    except OSError:
+        return None
+    include = os.path.join(root, "include")
+    if found is None or not os.path.exists(os.path.join(include, "torch", "csrc", "stable")):
+        return None
+    return include, os.path.join(root, "lib"), (int(found.group(1)), int(found.group(2)))
+
+
+def build_torch_ops(target):
+    """Compile csrc/torch_ops.cpp into `target` (cfbn/torch/_ops.so) when a
+    PyTorch of TORCH_TARGET or later is installed for a native build; True
+    when it did.
+
+    The library uses LibTorch's stable C shim only (TORCH_TARGET_VERSION):
+    no C++ class of torch crosses into it, so one binary serves every
+    torch from 2.10 on.  It links libtorch_cpu by its soname, which
+    `import torch` has loaded before the library is."""
+    if os.environ.get("CFBN_TORCH_LIBRARY", "") == "0":
+        print("cfbn: operator library for PyTorch: skipped (CFBN_TORCH_LIBRARY=0)")
+        return False
+    torch = installed_torch()
+    if torch is None or torch[2] < TORCH_TARGET or os.environ.get("_PYTHON_HOST_PLATFORM"):
+        print("cfbn: operator library for PyTorch: not built (needs torch >= %d.%d installed "
+              "for the build, and a native build)" % TORCH_TARGET)
+        return False
+    include, libdir, _ = torch
+    cxx = shlex.split(os.environ.get("CXX", "c++"))
+    cmd = cxx + ["-O2", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden",
+                 "-DTORCH_TARGET_VERSION=" + TORCH_TARGET_MACRO, "-Icsrc", "-isystem", include,
+                 "csrc/torch_ops.cpp", "-L" + libdir, "-ltorch_cpu", "-o", target]
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    print("cfbn: operator library for PyTorch: " + " ".join(cmd))
+    subprocess.check_call(cmd)
+    return True
+
+
 class BuildExt(build_ext):
     """Each ISA file with its own flags and macro; every file in its own process."""
 
@@ -137,20 +197,36 @@ class BuildExt(build_ext):
         print("cfbn: target %s, OpenMP %s, ISA files %s, %d build jobs"
               % (target_arch(), "on" if omp else "off", list(isa) or "none", build_jobs()))
         super().build_extensions()
+        self.torch_ops_built = build_torch_ops(os.path.join(self.build_lib, TORCH_OPS))
+
+    # The operator library is no Python extension, but travels as one: into
+    # the wheel, and back into the source tree for in-place and editable builds.
+    def copy_extensions_to_source(self):
+        super().copy_extensions_to_source()
+        if getattr(self, "torch_ops_built", False):
+            self.copy_file(os.path.join(self.build_lib, TORCH_OPS), TORCH_OPS)
+
+    def _get_output_mapping(self):
+        yield from super()._get_output_mapping()
+        if self.inplace and getattr(self, "torch_ops_built", False):
+            yield os.path.join(self.build_lib, TORCH_OPS), TORCH_OPS
+
+    def get_outputs(self):
+        outputs = super().get_outputs()
+        if not self.inplace and getattr(self, "torch_ops_built", False):
+            outputs.append(os.path.join(self.build_lib, TORCH_OPS))
+        return outputs
 
 
 class BuildPy(build_py):
-    """Ship csrc/bn_math.h inside the package (the CuPy kernels include it), and
-    csrc/c_api.h (cfbn.torch's operator, compiled on first use, includes it)."""
+    """Ship csrc/bn_math.h inside the package (the CuPy kernels include it)."""
 
     def run(self):
         super().run()
         target = os.path.join(self.build_lib, "cfbn")
         # an editable build runs this with no package copied into build_lib
-        os.makedirs(os.path.join(target, "torch"), exist_ok=True)
+        os.makedirs(target, exist_ok=True)
         self.copy_file(os.path.join("csrc", "bn_math.h"), os.path.join(target, "bn_math.h"))
-        # and csrc/c_api.h beside cfbn.torch's operator source, which includes it
-        self.copy_file(os.path.join("csrc", "c_api.h"), os.path.join(target, "torch", "c_api.h"))
 
 
 extensions = [

@@ -99,8 +99,23 @@ static void output_free(void *p, size_t nbytes)
     a.free(a.ctx, p, nbytes);
 }
 
+static int backward_backward(int dtype, int layout, int64_t outer, int64_t channels,
+                             int64_t inner, int n_threads, int training, const void *dy,
+                             const void *x, const void *scale, const void *saved_mean,
+                             const void *saved_variance, double epsilon, const void *ggx,
+                             const void *ggscale, const void *ggoffset, void *ddy, void *dx,
+                             void *scale_backprop)
+{
+    cfbn_shape s;
+    shape_of(&s, dtype, layout, outer, channels, inner, n_threads);
+    return cfbn_backward_backward(selected, &s, training, dy, x, scale, saved_mean,
+                                  saved_variance, epsilon, ggx, ggscale, ggoffset, ddy, dx,
+                                  scale_backprop);
+}
+
 static const cfbn_c_api table = {
     CFBN_C_API_VERSION, forward_training, forward_inference, backward, output_alloc, output_free,
+    backward_backward,
 };
 
 const void *cfbn_c_api_get(void)

@@ -10,8 +10,8 @@
  * This header stands alone (only <stdint.h> and <stddef.h>): it is copied
  * into the installed package, where csrc/ is not.  The entries take a
  * tensor's shape and fusion as plain arguments and mean what
- * cfbn_forward_training, cfbn_forward_inference and cfbn_backward of
- * cfbn.h mean; arguments are not checked (the client validates them, as
+ * cfbn_forward_training, cfbn_forward_inference, cfbn_backward and
+ * cfbn_backward_backward of cfbn.h mean; arguments are not checked (the client validates them, as
  * cfbn._args does for the Python calls).
  *
  *   dtype      enum cfbn_dtype: 0 float32, 1 float64, 2 float16, 3 bfloat16
@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define CFBN_C_API_VERSION 1
+#define CFBN_C_API_VERSION 2
 #define CFBN_C_API_CAPSULE "cfbn._kernels.c_api"
 
 typedef struct {
@@ -59,6 +59,14 @@ typedef struct {
      * buffer it gave goes back through output_free with the same nbytes. */
     void *(*output_alloc)(size_t nbytes);
     void (*output_free)(void *p, size_t nbytes);
+    /* cfbn_backward_backward of cfbn.h (version 2): ggx, ggscale and
+     * ggoffset may be NULL (zeros). */
+    int (*backward_backward)(int dtype, int layout, int64_t outer, int64_t channels,
+                             int64_t inner, int n_threads, int training, const void *dy,
+                             const void *x, const void *scale, const void *saved_mean,
+                             const void *saved_variance, double epsilon, const void *ggx,
+                             const void *ggscale, const void *ggoffset, void *ddy, void *dx,
+                             void *scale_backprop);
 } cfbn_c_api;
 
 #ifdef __cplusplus

@@ -20,6 +20,12 @@ nn = torch.nn
 F = torch.nn.functional
 OPS = torch.ops.cfbn
 
+
+def _code(activation, alpha=None):
+    """The operators' (activation code, alpha) for an activation's name."""
+    return ct.ops.activation_code(activation, alpha)
+
+
 NN = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}
 CFBN = {1: ct.BatchNorm1d, 2: ct.BatchNorm2d, 3: ct.BatchNorm3d}
 
@@ -274,7 +280,7 @@ def test_gradcheck_and_gradgradcheck(case, training, path):
         side = s if case == "side_input" else None
         if path == "op":
             return OPS.batch_norm(x, w, b, rm.clone(), rv.clone(), None, training, 0.1, 1e-5,
-                                  None, None, side)[0]
+                                  0, 0.0, side)[0]
         return ct.batch_norm(x, rm.clone(), rv.clone(), w, b, training, 0.1, 1e-5,
                              side_input=side)
 
@@ -304,7 +310,7 @@ def test_gradcheck_and_gradgradcheck_of_fused_activations(activation, training, 
     def f(x, w, b, s):
         if path == "op":
             return OPS.batch_norm(x, w, b, rm.clone(), rv.clone(), None, training, 0.1, 1e-5,
-                                  activation, alpha, s)[0]
+                                  *_code(activation, alpha), s)[0]
         return ct.batch_norm(x, rm.clone(), rv.clone(), w, b, training, activation=activation,
                              alpha=alpha, side_input=s)
 
@@ -354,35 +360,34 @@ def _op_samples():
 @pytest.mark.parametrize("i", range(5))
 def test_opcheck_batch_norm(i):
     x, w, b, rm, rv, training, act, s = _op_samples()[i]
-    torch.library.opcheck(OPS.batch_norm, (x, w, b, rm, rv, None, training, 0.1, 1e-5, act,
-                                           None, s))
+    torch.library.opcheck(OPS.batch_norm, (x, w, b, rm, rv, None, training, 0.1, 1e-5,
+                                           *_code(act), s))
 
 
 def test_opcheck_batch_norm_cumulative_average_and_no_parameters():
     x = _input((5, 3), None, torch.float64)
     count = torch.tensor(4)
     rm, rv = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
-    torch.library.opcheck(OPS.batch_norm, (x, None, None, rm, rv, count, True, None, 1e-5, None,
-                                           None, None))
-    new_mean = OPS.batch_norm(x, None, None, rm, rv, count, True, None, 1e-5, None, None,
-                              None)[3]
+    torch.library.opcheck(OPS.batch_norm, (x, None, None, rm, rv, count, True, None, 1e-5, 0,
+                                           0.0, None))
+    new_mean = OPS.batch_norm(x, None, None, rm, rv, count, True, None, 1e-5, 0, 0.0, None)[3]
     torch.testing.assert_close(new_mean, 0.25 * x.mean(0))
 
 
 @pytest.mark.parametrize("i", range(5))
 def test_opcheck_batch_norm_backward(i):
     x, w, b, rm, rv, training, act, s = _op_samples()[i]
-    y, sm, sv, _, _ = OPS.batch_norm(x, w, b, rm, rv, None, training, 0.1, 1e-5, act, None, s)
+    y, sm, sv, _, _ = OPS.batch_norm(x, w, b, rm, rv, None, training, 0.1, 1e-5, *_code(act), s)
     dy = torch.randn_like(y).requires_grad_()
-    torch.library.opcheck(OPS.batch_norm_backward, (dy, x, w, b, sm, sv, training, 1e-5, act,
-                                                    None, s))
+    torch.library.opcheck(OPS.batch_norm_backward, (dy, x, w, b, sm, sv, training, 1e-5,
+                                                    *_code(act), s))
 
 
 @pytest.mark.parametrize("i", [0, 3])
 def test_opcheck_batch_norm_double_backward(i):
     x, w, b, rm, rv, training, _, _ = _op_samples()[i]
     x, w = x.detach(), w.detach()
-    _, sm, sv, _, _ = OPS.batch_norm(x, w, b, rm, rv, None, training, 0.1, 1e-5, None, None, None)
+    _, sm, sv, _, _ = OPS.batch_norm(x, w, b, rm, rv, None, training, 0.1, 1e-5, 0, 0.0, None)
     dy = torch.randn_like(x)
     for gg in [(torch.randn_like(x), torch.randn_like(w), torch.randn_like(w)),
                (torch.randn_like(x), None, None), (None, torch.randn_like(w), None)]:
@@ -400,7 +405,7 @@ def test_operator_gives_the_eager_bits():
         rm, rv = eager.running_mean.clone(), eager.running_var.clone()
         y = eager(x, side_input=s)
         y_op, _, _, new_mean, new_var = OPS.batch_norm(x, eager.weight, eager.bias, rm, rv, None,
-                                                       True, 0.1, 1e-5, "silu", None, s)
+                                                       True, 0.1, 1e-5, *_code("silu"), s)
         assert torch.equal(y_op, y) and y_op.stride() == y.stride()
         assert torch.equal(new_mean, eager.running_mean)
         assert torch.equal(new_var, eager.running_var)

@@ -20,7 +20,10 @@
 # x86 inline-asm macros, HAVE_USABLE_WCHAR_T and PY_SUPPORT_TIER).
 #
 # Environment: CFBN_PY_VERSIONS (default "3.9 3.10 3.11 3.12 3.13"),
-# CFBN_ARCHES (default "x86_64 aarch64"), CFBN_EDGE_DIR.
+# CFBN_ARCHES (default "x86_64 aarch64"), CFBN_EDGE_DIR, CFBN_TORCH_DIR (a
+# torch 2.10+ package folder: the x86-64 wheels then carry cfbn.torch's
+# operator library, built against its stable-ABI headers; the aarch64 wheels
+# have no torch to link against here and use the Python operators).
 # Idempotent; intermediate files in build/edge.  Needs pyenv CPython 3.9-3.13,
 # gcc, gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user, debootstrap and
 # root (the arm64 roots: tools/make_arm64_sysroot.sh, run from here if missing).
@@ -96,7 +99,7 @@ echo "$SDIST"
 step "sdist contents: every csrc/*.c, csrc/*.h, cfbn/*.pyx; no generated C, no .so"
 listing=$(tar -tzf "$SDIST" | sed 's#^[^/]*/##')
 missing=()
-for f in $(cd "$STAGE" && ls csrc/*.c csrc/*.h cfbn/*.pyx cfbn/*.py cfbn/torch/_native.cpp setup.py pyproject.toml); do
+for f in $(cd "$STAGE" && ls csrc/*.c csrc/*.h csrc/*.cpp cfbn/*.pyx cfbn/*.py setup.py pyproject.toml); do
     grep -qx "$f" <<<"$listing" || missing+=("$f")
 done
 [ ${#missing[@]} -eq 0 ] || die "sdist lacks: ${missing[*]}"
@@ -177,7 +180,7 @@ build() {
     local ver=$1 arch=$2 venv=$EDGE/build-venv-$1 log=$EDGE/wheel-$1-$2.log out=$RAW/$1-$2
     mkdir -p "$out"
     if [ "$arch" = x86_64 ]; then
-        env "${BUILD_ENV[@]}" ${CCACHE:+CC="${CCACHE[*]} $("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("CC"))')"} \
+        env "${BUILD_ENV[@]}" ${CFBN_TORCH_DIR:+CFBN_TORCH_DIR="$CFBN_TORCH_DIR"} ${CCACHE:+CC="${CCACHE[*]} $("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("CC"))')"} \
             "$venv/bin/pip" wheel -v --no-build-isolation --no-deps -w "$out" "$SDIST" \
             >"$log" 2>&1 || { tail -30 "$log"; die "cp$ver x86-64 wheel build failed (log: $log)"; }
     else
@@ -212,7 +215,10 @@ repair() {
     local ld raw
     raw=$(one_file "$RAW/$1-$2/cfbn-*-linux_$2.whl")
     case $2 in x86_64) ld=$AMD64_GOMP_DIR ;; *) ld=$ARM64_GOMP_DIR ;; esac
-    PATH=$TOOLS:$PATH auditwheel repair -w "$ROOT/wheelhouse" --ldpaths "$ld" "$raw" >>"$EDGE/auditwheel.log" 2>&1 \
+    # libtorch_cpu is torch's own, loaded by `import torch` before the
+    # operator library: never vendored.
+    PATH=$TOOLS:$PATH auditwheel repair -w "$ROOT/wheelhouse" --ldpaths "$ld" --exclude libtorch_cpu.so "$raw" \
+        >>"$EDGE/auditwheel.log" 2>&1 \
         || { cat "$EDGE/auditwheel.log"; die "auditwheel repair failed: $raw"; }
     basename "$(wheel_for "$1" "$2")"
 }
@@ -237,9 +243,9 @@ for ver in "${PY_VERSIONS[@]}"; do
     done
 done
 
-step "wheel contents: one extension of the right CPython and machine; no .c, no .pyx; the run-time compiled sources"
-"$HOST_PYTHON" - "$RAW"/*/cfbn-*.whl <<'PY'
-import re, sys, zipfile
+step "wheel contents: one extension of the right CPython and machine, and on x86-64 the PyTorch operator library; no .c, no .pyx"
+CFBN_TORCH_DIR=${CFBN_TORCH_DIR:-} "$HOST_PYTHON" - "$RAW"/*/cfbn-*.whl <<'PY'
+import os, re, sys, zipfile
 ELF_MACHINE = {"x86_64": 62, "aarch64": 183}
 for path in sys.argv[1:]:
     m = re.search(r"-cp(\d+)-cp\d+-linux_(x86_64|aarch64)\.whl$", path)
@@ -248,11 +254,13 @@ for path in sys.argv[1:]:
         names = z.namelist()
         bad = [n for n in names if n.endswith((".c", ".pyx"))]
         assert not bad, f"{path} carries sources: {bad}"
-        # compiled at run time: the CuPy kernels' header, cfbn.torch's operator and its header
-        lacks = {"cfbn/bn_math.h", "cfbn/torch/_native.cpp", "cfbn/torch/c_api.h"} - set(names)
-        assert not lacks, f"{path} lacks {sorted(lacks)}"
-        sos = [n for n in names if n.endswith(".so")]
-        assert sos == [f"cfbn/_kernels.cpython-{abi}-{arch}-linux-gnu.so"], sos
+        # compiled at run time: the CuPy kernels' header
+        assert "cfbn/bn_math.h" in names, f"{path} lacks cfbn/bn_math.h"
+        sos = sorted(n for n in names if n.endswith(".so"))
+        want = [f"cfbn/_kernels.cpython-{abi}-{arch}-linux-gnu.so"]
+        if arch == "x86_64" and os.environ["CFBN_TORCH_DIR"]:
+            want.append("cfbn/torch/_ops.so")
+        assert sos == want, (sos, want)
         head = z.read(sos[0])[:20]
         machine = int.from_bytes(head[18:20], "little")
         assert head[:4] == b"\x7fELF" and machine == ELF_MACHINE[arch], (sos[0], machine)

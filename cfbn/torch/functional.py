@@ -1,17 +1,7 @@
 """cfbn.torch.batch_norm: torch.nn.functional.batch_norm on cfbn's kernels."""
 import torch
 
-from . import _bridge, _eager, _native, ops
-
-
-def _verify_batch_size(size):
-    # As torch.nn.functional.batch_norm: one value per channel has no variance.
-    size_prods = size[0]
-    for i in range(len(size) - 2):
-        size_prods *= size[i + 2]
-    if size_prods == 1:
-        raise ValueError("Expected more than 1 value per channel when training, got input "
-                         "size %s" % (size,))
+from . import _checks, ops
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
@@ -65,40 +55,97 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     -----
     The per-channel tensors are float32 for float16 and bfloat16 input, or
     the input's dtype (a module moved to that dtype), as PyTorch's CPU
-    kernels accept.  Differentiable twice, in eager
-    mode and under ``torch.compile``, where the call is the operator
-    ``torch.ops.cfbn.batch_norm`` (see cfbn.torch.ops).
+    kernels accept.  Every call is the operator ``torch.ops.cfbn.batch_norm``
+    (see cfbn.torch.ops), so tracing, export, compile and the profiler see
+    it.  Differentiable twice; forward-mode AD is not implemented (an
+    error).
     """
-    if training and input.numel() == input.shape[1]:
-        _verify_batch_size(input.shape)
-    if torch.compiler.is_compiling():
-        y, _, _, new_mean, new_var = ops.batch_norm(
-            input, weight, bias, running_mean, running_var, num_batches_tracked, training,
-            momentum, eps, activation, alpha, side_input)
-        if training and running_mean is not None:
+    eps = _checks.call(input, weight, bias, running_mean, running_var, side_input, training,
+                       momentum, eps)
+    act, act_alpha = ops.activation_code(activation, alpha)
+    _refuse_forward_ad(input, weight, bias, running_mean, running_var, side_input)
+    args = (input, weight, bias, running_mean, running_var, num_batches_tracked, bool(training),
+            momentum, eps, act, act_alpha, side_input)
+    if _traced(input, weight, bias):
+        y, _, _, new_mean, new_var = ops.batch_norm(*args)
+    elif torch.is_grad_enabled() and (input.requires_grad or _requires_grad(weight)
+                                      or _requires_grad(bias) or _requires_grad(side_input)):
+        y, new_mean, new_var = _Eager.apply(*args)
+    else:
+        with _below_autograd():
+            y, _, _, new_mean, new_var = ops.batch_norm(*args)
+    if training and running_mean is not None:
+        with torch.no_grad():
             running_mean.copy_(new_mean)
             running_var.copy_(new_var)
-        return y
-    factor = ops.momentum_factor(momentum, num_batches_tracked) if training else 0.0
-    eps = float(eps)
-    native = _native.get()
-    if native is not None and type(input) is torch.Tensor:
-        # The C++ operator, which returns None for what it leaves to the bridge.
-        act, act_alpha = ops.activation_code(activation, alpha)
-        try:
-            y = native.batch_norm(input, weight, bias, running_mean, running_var, side_input,
-                                  bool(training), factor, eps, act, act_alpha, activation,
-                                  None if alpha is None else float(alpha))
-        except TypeError:
-            y = None  # an argument that is no tensor: the bridge's checks name it
-        if y is not None:
-            return y
-    if torch.is_grad_enabled() and (input.requires_grad
-                                    or (weight is not None and weight.requires_grad)
-                                    or (bias is not None and bias.requires_grad)
-                                    or (side_input is not None and side_input.requires_grad)):
-        return _eager.BatchNormFunction.apply(input, weight, bias, running_mean, running_var,
-                                              side_input, (training, factor, eps, activation,
-                                                           alpha))
-    return _bridge.forward(input, weight, bias, running_mean, running_var, training, factor,
-                           eps, activation, alpha, side_input, True)[0]
+    return y
+
+
+# The operators' autograd formulas are Python (cfbn.torch.ops registers
+# them), and a call through them pays for Python's dispatch twice: tens of
+# microseconds, more than the kernels take on small tensors.  An eager call
+# takes a shorter way to the same operators: a plain autograd.Function whose
+# forward and backward call them below the autograd keys (still through the
+# dispatcher, so dispatch modes, fake tensors and the profiler see them).
+# Tracing, torch.compile and functorch transforms see the operators with
+# their registered formulas instead, which they need to record.
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
+def _requires_grad(t):
+    return t is not None and t.requires_grad
+
+
+def _traced(*tensors):
+    if torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return True
+    return any(t is not None and _wrapped(t) for t in tensors)
+
+
+class _Eager(torch.autograd.Function):
+    """cfbn::batch_norm with cfbn::batch_norm_backward as its gradient."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, count, training, momentum, eps,
+                act, alpha, side_input):
+        with _below_autograd():
+            y, save_mean, save_var, new_mean, new_var = ops.batch_norm(
+                x, weight, bias, running_mean, running_var, count, training, momentum, eps, act,
+                alpha, side_input)
+        # x and the parameters through save_for_backward, so that modifying
+        # them in place before the backward is an error; the statistics are ours.
+        ctx.save_for_backward(x, weight, bias, side_input)
+        ctx.stats = (save_mean, save_var)
+        ctx.options = (training, eps, act, alpha)
+        ctx.mark_non_differentiable(new_mean, new_var)
+        return y, new_mean, new_var
+
+    @staticmethod
+    def backward(ctx, grad_out, _new_mean, _new_var):
+        x, weight, bias, side_input = ctx.saved_tensors
+        args = (grad_out, x, weight, bias) + ctx.stats + ctx.options + (side_input,)
+        if torch.is_grad_enabled():
+            # create_graph=True: the operator's own formula differentiates it again
+            dx, dweight, dbias, dside = ops.batch_norm_backward(*args)
+        else:
+            with _below_autograd():
+                dx, dweight, dbias, dside = ops.batch_norm_backward(*args)
+        need = ctx.needs_input_grad
+        return (dx if need[0] else None, dweight if need[1] else None,
+                dbias if need[2] else None, None, None, None, None, None, None, None, None,
+                dside if need[11] else None)
+
+
+def _refuse_forward_ad(*tensors):
+    """A clear error for dual tensors: the operators have no forward-mode
+    formula, and autograd would otherwise run them without the tangent."""
+    if torch.compiler.is_compiling() or not torch._C._is_fwd_grad_enabled() or \
+            torch.autograd.forward_ad._current_level < 0:
+        return
+    for t in tensors:
+        if t is not None and torch.autograd.forward_ad.unpack_dual(t).tangent is not None:
+            raise NotImplementedError(
+                "cfbn.torch.batch_norm: forward-mode AD (torch.autograd.forward_ad, "
+                "torch.func.jvp) is not implemented; use torch.nn.functional.batch_norm "
+                "there, or reverse mode")

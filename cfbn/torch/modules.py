@@ -43,6 +43,10 @@ class _Fused:
             The input's shape, dtype and memory format.
         """
         self._check_input_dim(input)
+        if input.shape[1] != self.num_features:
+            raise ValueError("num_features: %s(%d) expects %d channels, got input of shape %s"
+                             % (type(self).__name__, self.num_features, self.num_features,
+                                tuple(input.shape)))
         # nn.BatchNorm's own bookkeeping, step for step, with each buffer
         # looked up once (a Module attribute lookup is a dict search).
         training = self.training

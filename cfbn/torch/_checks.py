@@ -1,0 +1,99 @@
+"""The argument rules of cfbn.torch's calls, in PyTorch's words.
+
+Checked in Python before the operator runs, so that a wrong call raises a
+ValueError or TypeError naming the argument, the user's shapes and dtypes,
+rather than an operator's RuntimeError about its internal views.  The C++
+operators check the same things again (a direct ``torch.ops.cfbn`` call has
+no Python in front of it); those checks only keep memory safe.
+"""
+import math
+
+import torch
+
+from . import _bridge
+
+_FLOATS = tuple(_bridge.VECTOR_DTYPES)
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _shape(t):
+    return tuple(t.shape)
+
+
+def input_tensor(x, name="input"):
+    """x's per-channel dtype, after checking x is a tensor cfbn computes."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError("%s: expected a torch.Tensor, got %s" % (name, type(x).__name__))
+    vdt = _bridge.VECTOR_DTYPES.get(x.dtype)
+    if vdt is None:
+        raise TypeError("%s: expected float32, float64, float16 or bfloat16, got %s"
+                        % (name, x.dtype))
+    if x.device.type not in ("cpu", "meta"):
+        raise TypeError("%s: cfbn.torch computes CPU tensors, got one on %s" % (name, x.device))
+    if not 2 <= x.dim() <= 5:
+        raise ValueError("%s: expected a 2-D to 5-D tensor (N, C, ...), got shape %s"
+                         % (name, _shape(x)))
+    return vdt
+
+
+def channel_vector(v, name, x, vdt):
+    """A per-channel tensor: one value per channel of x, in x's vector dtype
+    (or a 16-bit x's own dtype)."""
+    if v is None:
+        return
+    if not isinstance(v, torch.Tensor):
+        raise TypeError("%s: expected a torch.Tensor or None, got %s" % (name, type(v).__name__))
+    channels = x.shape[1]
+    if v.dim() != 1 or v.shape[0] != channels:
+        raise ValueError("%s: expected %d values, one per channel of input of shape %s, got "
+                         "shape %s" % (name, channels, _shape(x), _shape(v)))
+    if v.dtype is not vdt and not (v.dtype is x.dtype and x.dtype in _HALF):
+        # PyTorch's own error for this, with its type
+        raise RuntimeError(_bridge.mixed_dtype(x.dtype, v.dtype, vdt, name))
+
+
+def like_input(t, name, x):
+    """A tensor of x's shape and dtype (a side input)."""
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("%s: expected a torch.Tensor or None, got %s" % (name, type(t).__name__))
+    if t.shape != x.shape:
+        raise ValueError("%s: expected the input's shape %s, got %s"
+                         % (name, _shape(x), _shape(t)))
+    if t.dtype is not x.dtype:
+        raise TypeError("%s: expected the input's dtype %s, got %s" % (name, x.dtype, t.dtype))
+
+
+def number(value, name, low):
+    """A finite float >= low (or any finite float for low None)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError("%s: expected a number, got %r" % (name, value)) from None
+    if not math.isfinite(v) or (low is not None and v < low):
+        raise ValueError("%s: expected a finite number%s, got %r"
+                         % (name, "" if low is None else " >= %g" % low, value))
+    return v
+
+
+def call(x, weight, bias, running_mean, running_var, side_input, training, momentum, eps):
+    """Every rule of one batch-norm call; returns eps as a float."""
+    vdt = input_tensor(x)
+    for v, name in ((weight, "weight"), (bias, "bias"), (running_mean, "running_mean"),
+                    (running_var, "running_var")):
+        channel_vector(v, name, x, vdt)
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("running_mean, running_var: pass both or neither (got %s None)"
+                         % ("running_mean" if running_mean is None else "running_var"))
+    if not training and running_mean is None:
+        raise ValueError("running_mean, running_var: required when training is False")
+    like_input(side_input, "side_input", x)
+    if momentum is not None:
+        # nn.BatchNorm takes any momentum: (1 - m) * old + m * batch
+        number(momentum, "momentum", None)
+    if training and x.numel() == x.shape[1]:
+        # as torch.nn.functional.batch_norm: one value per channel has no variance
+        raise ValueError("Expected more than 1 value per channel when training, got input "
+                         "size %s" % (x.shape,))
+    return number(eps, "eps", 0.0)

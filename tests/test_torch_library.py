@@ -1,0 +1,228 @@
+"""cfbn's prebuilt operator library (csrc/torch_ops.cpp) in PyTorch's dispatcher.
+
+The C++ operators against the Python bridge that serves where the library
+cannot load (the same bits, strides and dtypes for every layout, dtype and
+activation); what the library may link against (LibTorch's stable C shim
+only); the fallback's one warning; and the operators seen by what works
+through the dispatcher: tracing, export, fake tensors, the profiler.
+"""
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cfbn  # noqa: E402
+import cfbn.torch as ct  # noqa: E402
+from cfbn.torch import _bridge, _library, ops  # noqa: E402
+
+ROOT = str(Path(cfbn.__file__).resolve().parent.parent)
+LIBRARY = os.path.join(os.path.dirname(_library.__file__), _library.NAME)
+SET_ASIDE = os.environ.get("CFBN_TORCH_LIBRARY", "1") == "0"
+needs_library = pytest.mark.skipif(SET_ASIDE, reason="CFBN_TORCH_LIBRARY=0 sets the library aside")
+
+
+@needs_library
+def test_the_library_is_loaded():
+    # A build beside torch >= 2.10 has the library; a missing one is a build
+    # that went wrong, not a reason to test the Python path alone.
+    assert ops.NOT_LOADED is None, ops.NOT_LOADED
+    assert os.path.exists(LIBRARY)
+
+
+@needs_library
+def test_the_library_uses_only_the_stable_c_shim():
+    out = subprocess.run(["nm", "-D", "--undefined-only", LIBRARY], capture_output=True,
+                         text=True, check=True).stdout
+    symbols = [line.split()[-1] for line in out.splitlines() if line.strip()]
+    torch_symbols = [s for s in symbols if "@" not in s and not s.startswith(("_ITM_", "__gmon"))]
+    assert torch_symbols, "no torch symbol at all: nm read the wrong file"
+    # C functions of the shim (aoti_torch_*, torch_*), never a mangled C++
+    # name of ATen or c10, whose ABI changes between releases.
+    assert all(s.startswith(("aoti_torch_", "torch_")) for s in torch_symbols), \
+        [s for s in torch_symbols if not s.startswith(("aoti_torch_", "torch_"))]
+    for line in subprocess.run(["nm", "-D", LIBRARY], capture_output=True, text=True,
+                               check=True).stdout.splitlines():
+        assert "_ZN2at" not in line and "_ZN3c10" not in line, line
+
+
+def _inputs(shape, dtype, memory, seed):
+    g = torch.Generator().manual_seed(seed)
+    vd = torch.float64 if dtype is torch.float64 else torch.float32
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 3 + 5).to(dtype)
+    if memory == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last if x.dim() == 4
+                         else torch.channels_last_3d)
+    elif memory == "transposed":
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    elif memory == "strided":
+        x = torch.cat([x, x], 2)[:, :, ::2]
+    c = shape[1]
+    w = (torch.rand(c, generator=g) + 0.5).to(vd)
+    b = torch.randn(c, generator=g).to(vd)
+    rm = torch.randn(c, generator=g).to(vd)
+    rv = (torch.rand(c, generator=g) + 0.5).to(vd)
+    side = torch.randn(shape, generator=g).to(dtype)
+    dy = torch.randn(shape, generator=g).to(dtype)
+    return x, w, b, rm, rv, side, dy
+
+
+def _same(p, q, what):
+    assert p.dtype == q.dtype and p.shape == q.shape, what
+    if p.numel():
+        assert p.stride() == q.stride(), (what, p.stride(), q.stride())
+    assert torch.equal(p, q), (what, (p.double() - q.double()).abs().max())
+
+
+LAYOUTS = [((6, 5), None), ((3, 4, 6), None), ((3, 4, 6), "transposed"), ((4, 3, 5, 7), None),
+           ((4, 3, 5, 7), "channels_last"), ((4, 3, 5, 7), "strided"), ((2, 3, 2, 3, 4), None),
+           ((2, 3, 2, 3, 4), "channels_last"), ((0, 3, 4, 4), None)]
+CASES = list(itertools.product(LAYOUTS, [torch.float32, torch.float64, torch.float16,
+                                         torch.bfloat16], [0, 1, 7]))
+
+
+@needs_library
+@pytest.mark.parametrize("layout,dtype,act", CASES)
+@pytest.mark.parametrize("training", [True, False])
+def test_operators_give_the_bridge_bits(layout, dtype, act, training):
+    shape, memory = layout
+    x, w, b, rm, rv, side, dy = _inputs(shape, dtype, memory, 3)
+    name, alpha = ops._name(act, 0.0)
+    s = side if act else None
+    got = ops.batch_norm(x, w, b, rm, rv, None, training, 0.1, 1e-3, act, 0.0, s)
+    want = _bridge.forward(x, w, b, rm, rv, training, 0.1, 1e-3, name, alpha, s, False)
+    for p, q, what in zip(got, want, ["y", "save_mean", "save_var", "new_mean", "new_var"]):
+        _same(p, q, what)
+    save_mean, save_var = got[1], got[2]
+    got = ops.batch_norm_backward(dy, x, w, b, save_mean, save_var, training, 1e-3, act, 0.0, s)
+    want = _bridge.backward(dy, x, w, b, save_mean, save_var, training, 1e-3, name, alpha, s)
+    for p, q, what in zip(got, want, ["dx", "dweight", "dbias", "dside"]):
+        if q is not None:
+            _same(p, q, what)
+    ggx, ggw = torch.randn_like(x), torch.randn_like(w)
+    got = ops.batch_norm_double_backward(dy, x, w, save_mean, save_var, ggx, ggw, None,
+                                         training, 1e-3)
+    want = _bridge.double_backward(dy, x, w, save_mean, save_var, ggx, ggw, None, training, 1e-3)
+    for p, q, what in zip(got, want, ["ddy", "dx", "dweight"]):
+        _same(p, q, what)
+
+
+@needs_library
+def test_outputs_come_from_torchs_allocator():
+    x = torch.randn(64, 32, 32, 32)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        y = ct.batch_norm(x, None, None, training=True)
+    events = [e for e in prof.events() if e.name == "cfbn::batch_norm"]
+    assert events, [e.name for e in prof.events()]
+    # the output's 8 MiB are allocated inside the operator's event
+    assert max(e.cpu_memory_usage for e in events) >= x.numel() * 4
+    assert y.untyped_storage().resizable()
+
+
+def test_the_python_operators_serve_with_one_warning():
+    code = ("import warnings, torch\n"
+            "warnings.simplefilter('always')\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    import cfbn.torch as ct\n"
+            "    from cfbn.torch import ops\n"
+            "    x = torch.randn(4, 3, 5, 5, dtype=torch.float64, requires_grad=True)\n"
+            "    y = ct.batch_norm(x, None, None, training=True)\n"
+            "    y.sum().backward()\n"
+            "    ct.batch_norm(x, None, None, training=True)\n"
+            "ref = torch.nn.functional.batch_norm(x.detach(), None, None, training=True)\n"
+            "print(ops.NOT_LOADED)\n"
+            "print(sum('CFBN_TORCH_LIBRARY=0' in str(m.message) for m in w))\n"
+            "print(float((y - ref).abs().max()))\n")
+    env = dict(os.environ, CFBN_TORCH_LIBRARY="0")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    reason, warnings, err = out.stdout.split("\n")[:3]
+    assert reason == "CFBN_TORCH_LIBRARY=0" and warnings == "1"
+    assert float(err) < 1e-12
+
+
+def test_a_third_derivative_is_a_clear_error():
+    x = torch.randn(4, 3, 5, 5, dtype=torch.float64, requires_grad=True)
+    y = ct.batch_norm(x, None, None, training=True)
+    (g,) = torch.autograd.grad((y ** 3).sum(), x, create_graph=True)
+    (gg,) = torch.autograd.grad((g ** 2).sum(), x, create_graph=True)
+    with pytest.raises(NotImplementedError, match="third derivative"):
+        torch.autograd.grad(gg.sum(), x)
+
+
+def test_forward_ad_is_a_clear_error_never_a_dropped_tangent():
+    import torch.autograd.forward_ad as fwAD
+    x = torch.randn(4, 3, 5, 5, dtype=torch.float64)
+    rm, rv = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, torch.randn_like(x))
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            ct.batch_norm(dual, rm, rv, training=False)
+    bn = ct.BatchNorm2d(3, affine=False).double().eval()
+    with pytest.raises(NotImplementedError, match="forward-mode AD"):
+        torch.func.jvp(bn, (x,), (torch.randn_like(x),))
+
+
+def test_vmap_gives_the_per_sample_result_or_an_error():
+    x = torch.randn(3, 4, 2, 5, 5, dtype=torch.float64)
+    rm, rv = torch.zeros(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64) * 2
+
+    def f(t):
+        return ct.batch_norm(t, rm, rv, training=False)
+
+    try:
+        got = torch.func.vmap(f)(x)
+    except (NotImplementedError, RuntimeError) as exc:
+        assert "Recursion" not in type(exc).__name__
+        assert "cfbn" in str(exc)
+        return
+    want = torch.stack([torch.nn.functional.batch_norm(t, rm, rv) for t in x])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_negative_and_conjugate_views_are_read_as_their_values():
+    x = torch.randn(4, 3, 5, 5, dtype=torch.float64)
+    neg = torch._neg_view(x)
+    assert neg.is_neg()
+    got = ct.batch_norm(neg, None, None, training=True)
+    want = torch.nn.functional.batch_norm(-x, None, None, training=True)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), ct.BatchNorm2d(4, activation="relu"),
+                               torch.nn.Conv2d(4, 2, 1), ct.BatchNorm2d(2)).double()
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_jit_trace_records_the_operator(training):
+    m = _model().train(training)
+    example, other = torch.randn(2, 3, 8, 8).double(), torch.randn(2, 3, 8, 8).double()
+    ref = _model().train(training)
+    traced = torch.jit.trace(m, example, check_trace=False)
+    assert "cfbn::batch_norm" in str(traced.inlined_graph)
+    torch.testing.assert_close(traced(other), ref(example) * 0 + ref(other), rtol=0, atol=0)
+    # the running statistics advance in the traced module as in the eager one
+    if training:
+        torch.testing.assert_close(m[1].running_mean, ref[1].running_mean, rtol=0, atol=1e-15)
+
+
+def test_export_and_fake_tensors_see_the_operator():
+    m = _model().eval()
+    x = torch.randn(2, 3, 8, 8).double()
+    ep = torch.export.export(m, (x,))
+    assert "cfbn.batch_norm" in str(ep.graph)
+    torch.testing.assert_close(ep.module()(x), m(x), rtol=0, atol=0)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        xf = torch.empty(2, 3, 8, 8, dtype=torch.float64).contiguous(
+            memory_format=torch.channels_last)
+        yf = ct.batch_norm(xf, None, None, training=True, activation="silu")
+    assert yf.shape == x.shape and yf.is_contiguous(memory_format=torch.channels_last)
