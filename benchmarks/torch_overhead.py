@@ -1,4 +1,4 @@
-"""Per-call cost of cfbn.torch: the autograd floor, the raw kernels, the bridge.
+"""Per-call cost of cfbn.torch: the autograd floor, the raw kernels, the operators.
 
 On a small tensor (default (8,16,8,8) float32, one thread) a training
 forward + backward is mostly fixed cost.  Timed in interleaved rounds, each
@@ -9,19 +9,18 @@ a batch of calls:
 - ``raw``: ``cfbn.fused_batch_norm`` and ``cfbn.fused_batch_norm_grad`` on
   NumPy views of the same memory (the kernels and cfbn's own Python);
 - ``cfbn.torch``: ``cfbn.torch.BatchNorm2d`` forward and backward (eager:
-  the C++ operator and its C++ autograd node, cfbn/torch/_native.cpp);
-- ``cfbn.torch, Python bridge``: the same with the C++ operator set aside
-  (as ``CFBN_TORCH_NATIVE=0``): a plain ``autograd.Function`` in Python;
-- ``operator``: ``torch.ops.cfbn.batch_norm`` with its registered autograd,
-  called eagerly (what a compiled graph runs, without the compiler);
-- ``nn``: ``nn.BatchNorm2d`` forward and backward.
+  the operators through the dispatcher below autograd, under a plain
+  ``autograd.Function``);
+- ``operator``: ``torch.ops.cfbn.batch_norm`` with its registered (Python)
+  autograd formula, called eagerly (what a traced graph runs);
+- ``nn``: ``nn.BatchNorm2d`` forward and backward;
+- with ``--compiled``: both modules under ``torch.compile(fullgraph=True)``.
 
 Printed: the minimum over rounds of each (the least disturbed), and the
-bridge, ``cfbn.torch - floor - raw``: what the PyTorch glue adds beyond
-autograd's own cost and the NumPy call (which includes cfbn's argument
-checks in Python, which the C++ operator does in C++).
+glue, ``cfbn.torch - floor - raw``: what the PyTorch side adds beyond
+autograd's own cost and the kernels' NumPy call.
 
-    python benchmarks/torch_overhead.py [--shape 8x16x8x8] [--threads 1] [--rounds 15]
+    python benchmarks/torch_overhead.py [--shape 8x16x8x8] [--threads 1] [--rounds 15] [--compiled]
 """
 import argparse
 import sys
@@ -31,11 +30,10 @@ import torch.nn as nn
 
 import cfbn
 import cfbn.torch as ct
-from cfbn.torch import _native
 from _bench_common import BUSY, CpuMeter, cpu_model, interleaved
 
 
-def calls(shape):
+def calls(shape, compiled):
     """name -> callable of one forward + backward."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=gen).requires_grad_()
@@ -67,30 +65,33 @@ def calls(shape):
         clear(x, w, b)
         ours(x).backward(dy)
 
-    native = _native.get()
-    if native is None:
-        sys.exit("the C++ operator is not available (CFBN_TORCH_NATIVE=0, or its build failed)")
-
-    def python_bridge():
-        _native._module = None
-        try:
-            clear(x, w, b)
-            ours(x).backward(dy)
-        finally:
-            _native._module = native
-
     def operator():
         clear(x, w, b)
-        y = torch.ops.cfbn.batch_norm(x, w, b, rm, rv, None, True, 0.1, 1e-5, None, None, None)[0]
+        y = torch.ops.cfbn.batch_norm(x, w, b, rm, rv, None, True, 0.1, 1e-5, 0, 0.0, None)[0]
         y.backward(dy)
 
     def torch_nn():
         clear(x, ref.weight, ref.bias)
         ref(x).backward(dy)
 
-    return {"floor": floor, "raw": raw, "cfbn.torch": bridge,
-            "cfbn.torch, Python bridge": python_bridge, "operator": operator,
-            "nn": torch_nn}
+    fns = {"floor": floor, "raw": raw, "cfbn.torch": bridge, "operator": operator,
+           "nn": torch_nn}
+    if compiled:
+        ours_c = torch.compile(ours, fullgraph=True)
+        ref_c = torch.compile(ref, fullgraph=True)
+
+        def compiled_ours():
+            clear(x, w, b)
+            ours_c(x).backward(dy)
+
+        def compiled_nn():
+            clear(x, ref.weight, ref.bias)
+            ref_c(x).backward(dy)
+
+        compiled_ours()
+        compiled_nn()
+        fns.update({"cfbn.torch compiled": compiled_ours, "nn compiled": compiled_nn})
+    return fns
 
 
 def main(argv=None):
@@ -99,10 +100,12 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--min-batch-ms", type=float, default=20.0)
+    ap.add_argument("--compiled", action="store_true",
+                    help="also both modules under torch.compile(fullgraph=True)")
     args = ap.parse_args(argv)
     shape = tuple(int(v) for v in args.shape.split("x"))
     torch.set_num_threads(args.threads)
-    fns = calls(shape)
+    fns = calls(shape, args.compiled)
     names = list(fns)
     meter = CpuMeter()
     samples = interleaved([fns[n] for n in names], args.rounds, args.min_batch_ms / 1e3)
@@ -115,12 +118,12 @@ def main(argv=None):
     print("|---|---:|")
     for name in names:
         print("| %s | %.1f |" % (name, best[name] * 1e6))
-    print("| bridge: cfbn.torch - floor - raw | %.1f |"
+    print("| glue: cfbn.torch - floor - raw | %.1f |"
           % ((best["cfbn.torch"] - best["floor"] - best["raw"]) * 1e6))
-    print("| Python bridge: cfbn.torch, Python bridge - floor - raw | %.1f |"
-          % ((best["cfbn.torch, Python bridge"] - best["floor"] - best["raw"]) * 1e6))
-    print("| operator - floor - raw | %.1f |"
-          % ((best["operator"] - best["floor"] - best["raw"]) * 1e6))
+    print("| cfbn.torch / nn | %.2f |" % (best["cfbn.torch"] / best["nn"]))
+    if args.compiled:
+        print("| cfbn.torch compiled / nn compiled | %.2f |"
+              % (best["cfbn.torch compiled"] / best["nn compiled"]))
     if others is not None and others > BUSY:
         print("\nwarning: other processes used %.1f CPUs meanwhile" % others)
     return 0

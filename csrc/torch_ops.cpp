@@ -223,12 +223,16 @@ void check_rc(int rc)
 struct Shape {
     int dtype, layout;
     int64_t outer, channels, inner;
+    int threads;
 };
 
 Shape shape_of(const Tensor &x, Kind kind)
 {
     // enum cfbn_layout: 0 channels last, 1 channels first
-    Shape s{dtype_code(x.scalar_type()), kind == FIRST ? 1 : 0, 0, x.size(1), 1};
+    // torch.set_num_threads is honoured: the kernels run on as many threads
+    // as PyTorch's own would (their results do not depend on the count).
+    Shape s{dtype_code(x.scalar_type()), kind == FIRST ? 1 : 0, 0, x.size(1), 1,
+            (int)torch::stable::get_num_threads()};
     int64_t spatial = 1;
     for (int64_t d = 2; d < x.dim(); ++d)
         spatial *= x.size(d);
@@ -315,7 +319,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> batch_norm(
     Shape s = shape_of(x, kind);
     int rc;
     if (!training) {
-        rc = api->forward_inference(s.dtype, s.layout, s.outer, s.channels, s.inner, 0,
+        rc = api->forward_inference(s.dtype, s.layout, s.outer, s.channels, s.inner, s.threads,
                                     x.const_data_ptr(), ptr(scale), ptr(offset), ptr(mean),
                                     ptr(var), eps, y.mutable_data_ptr(),
                                     save_mean.mutable_data_ptr(), save_var.mutable_data_ptr(),
@@ -326,7 +330,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> batch_norm(
         // cfbn's kernels follow).
         double f = update ? factor : 1.0;
         bool read = update && f != 1.0;
-        rc = api->forward_training(s.dtype, s.layout, s.outer, s.channels, s.inner, 0,
+        rc = api->forward_training(s.dtype, s.layout, s.outer, s.channels, s.inner, s.threads,
                                    x.const_data_ptr(), ptr(scale), ptr(offset),
                                    read ? ptr(mean) : nullptr, read ? ptr(var) : nullptr, eps, f,
                                    y.mutable_data_ptr(),
@@ -408,10 +412,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_backward(
     if (activation != 0 && !offset.has_value())
         offset = filled(x, vdt, x.size(1), 0.0);
     Shape s = shape_of(x, kind);
-    int rc = api->backward(s.dtype, s.layout, s.outer, s.channels, s.inner, 0, training,
-                           ptr(g.dy), x.const_data_ptr(), g.scale.const_data_ptr(), save_mean.const_data_ptr(),
-                           save_var.const_data_ptr(), eps, dx.mutable_data_ptr(),
-                           dscale.mutable_data_ptr(), doffset.mutable_data_ptr(),
+    int rc = api->backward(s.dtype, s.layout, s.outer, s.channels, s.inner, s.threads,
+                           training, ptr(g.dy), x.const_data_ptr(), g.scale.const_data_ptr(),
+                           save_mean.const_data_ptr(), save_var.const_data_ptr(), eps,
+                           dx.mutable_data_ptr(), dscale.mutable_data_ptr(),
+                           doffset.mutable_data_ptr(),
                            (int)activation, alpha, ptr(side),
                            activation != 0 ? ptr(offset) : nullptr,
                            side.has_value() ? dside.mutable_data_ptr() : nullptr);
@@ -444,11 +449,12 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_double_backward(
         return {ddy, dx, grad_vector(dscale, weight)};
     }
     Shape s = shape_of(x, kind);
-    int rc = api->backward_backward(s.dtype, s.layout, s.outer, s.channels, s.inner, 0, training,
-                                    ptr(g.dy), x.const_data_ptr(), g.scale.const_data_ptr(),
-                                    save_mean.const_data_ptr(), save_var.const_data_ptr(), eps,
-                                    ptr(ggx), ptr(ggs), ptr(ggo), ddy.mutable_data_ptr(),
-                                    dx.mutable_data_ptr(), dscale.mutable_data_ptr());
+    int rc = api->backward_backward(s.dtype, s.layout, s.outer, s.channels, s.inner,
+                                    s.threads, training, ptr(g.dy), x.const_data_ptr(),
+                                    g.scale.const_data_ptr(), save_mean.const_data_ptr(),
+                                    save_var.const_data_ptr(), eps, ptr(ggx), ptr(ggs),
+                                    ptr(ggo), ddy.mutable_data_ptr(), dx.mutable_data_ptr(),
+                                    dscale.mutable_data_ptr());
     check_rc(rc);
     return {ddy, dx, grad_vector(dscale, weight)};
 }

@@ -226,3 +226,22 @@ def test_export_and_fake_tensors_see_the_operator():
             memory_format=torch.channels_last)
         yf = ct.batch_norm(xf, None, None, training=True, activation="silu")
     assert yf.shape == x.shape and yf.is_contiguous(memory_format=torch.channels_last)
+
+
+@needs_library
+def test_torch_thread_count_is_used_and_changes_no_bit():
+    x = torch.randn(16, 24, 20, 20, dtype=torch.float32, requires_grad=True)
+    dy = torch.randn_like(x)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            x.grad = None
+            y = ct.batch_norm(x, None, None, training=True, activation="silu")
+            y.backward(dy)
+            results.append((y.detach().clone(), x.grad.clone()))
+    finally:
+        torch.set_num_threads(before)
+    for y, g in results[1:]:
+        assert torch.equal(y, results[0][0]) and torch.equal(g, results[0][1])

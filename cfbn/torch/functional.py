@@ -70,7 +70,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         y, _, _, new_mean, new_var = ops.batch_norm(*args)
     elif torch.is_grad_enabled() and (input.requires_grad or _requires_grad(weight)
                                       or _requires_grad(bias) or _requires_grad(side_input)):
-        y, new_mean, new_var = _Eager.apply(*args)
+        y, new_mean, new_var = _Eager.apply(input, weight, bias, side_input, args)
     else:
         with _below_autograd():
             y, _, _, new_mean, new_var = ops.batch_norm(*args)
@@ -107,12 +107,13 @@ class _Eager(torch.autograd.Function):
     """cfbn::batch_norm with cfbn::batch_norm_backward as its gradient."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, count, training, momentum, eps,
-                act, alpha, side_input):
+    def forward(ctx, x, weight, bias, side_input, args):
+        # the differentiable tensors, then the operator's arguments in one
+        # tuple: apply() inspects each of its own arguments, at a cost per
+        # argument
+        _, _, _, _, _, _, training, _, eps, act, alpha, _ = args
         with _below_autograd():
-            y, save_mean, save_var, new_mean, new_var = ops.batch_norm(
-                x, weight, bias, running_mean, running_var, count, training, momentum, eps, act,
-                alpha, side_input)
+            y, save_mean, save_var, new_mean, new_var = ops.batch_norm(*args)
         # x and the parameters through save_for_backward, so that modifying
         # them in place before the backward is an error; the statistics are ours.
         ctx.save_for_backward(x, weight, bias, side_input)
@@ -133,8 +134,7 @@ class _Eager(torch.autograd.Function):
                 dx, dweight, dbias, dside = ops.batch_norm_backward(*args)
         need = ctx.needs_input_grad
         return (dx if need[0] else None, dweight if need[1] else None,
-                dbias if need[2] else None, None, None, None, None, None, None, None, None,
-                dside if need[11] else None)
+                dbias if need[2] else None, dside if need[3] else None, None)
 
 
 def _refuse_forward_ad(*tensors):
