@@ -10,8 +10,8 @@ Every layout PyTorch's batch norm accepts maps onto one of two of cfbn's:
 
 Both are views of the tensor's memory (``tensor.numpy()``, a transpose and a
 reshape), so the kernels read and write torch's storage directly.  Outputs
-are tensors over arrays from cfbn's output cache, in the input's memory
-format, written through the same views.  A tensor in neither layout (a
+are tensors from PyTorch's allocator, in the input's memory format, written
+through the same views.  A tensor in neither layout (a
 slice, an odd permutation) is read through one copy, as cfbn reads a strided
 NumPy array.
 
@@ -25,7 +25,7 @@ import math
 import numpy as np
 import torch
 
-from .. import _api, _args, _kernels
+from .. import _api, _args
 
 # The per-channel vectors of each input dtype, as cfbn's kernels want them
 # (float32 for the 16-bit types, as PyTorch's own CPU kernels keep them).
@@ -132,33 +132,26 @@ def empty_like(x):
 
 def output(x, kind):
     """(tensor, cfbn's view of it): an uninitialized output of x's shape and
-    dtype in layout `kind`.
-
-    The memory is a NumPy array's from cfbn's output cache: an output of
-    32 MiB or more reuses a freed one's buffer instead of a fresh mapping
-    the OS faults in and zeroes on first touch, as cfbn's own outputs do.
-    Such a tensor is an ordinary one (it can be shared, saved, resized
-    down) except that its storage cannot grow.
-    """
+    dtype in layout `kind`, from PyTorch's allocator (the profiler counts
+    it, and no cache of cfbn's holds memory inside PyTorch)."""
     shape = x.shape
-    bf16 = x.dtype is torch.bfloat16
-    dt = np.dtype(np.int16) if bf16 else _NUMPY_TENSOR[x.dtype]
     if kind == FIRST or len(shape) == 2:
-        a = _kernels.empty_output(shape, dt)
-        t = torch.from_numpy(a)
+        t = torch.empty(shape, dtype=x.dtype)
+        a = array(t)
         v = a.reshape(shape[0], shape[1], math.prod(shape[2:]), 1) if kind == FIRST else a
-    else:
-        a = _kernels.empty_output(_last_shape(shape), dt)
-        t = torch.from_numpy(a).permute(_FROM_LAST[len(shape)])
-        v = a.reshape(-1, shape[1])
-    if bf16:
-        v = v.view(_numpy_bfloat16())
-    if bf16 or t.dim() > 2 and kind != FIRST:
-        # A tensor of its own over the same storage, not a view (permute,
-        # view(dtype)): autograd forbids modifying a custom Function's view
-        # output in place, as nn.ReLU(inplace=True) after a batch norm does.
-        t = torch.empty(0, dtype=x.dtype).set_(t.untyped_storage(), 0, t.shape, t.stride())
-    return t, v
+        return t, v
+    # A tensor of its own with channels-last strides, not a permuted view:
+    # autograd forbids modifying a custom Function's view output in place,
+    # as nn.ReLU(inplace=True) after a batch norm does.
+    last = _last_shape(shape)
+    strides = [0] * len(last)
+    step = 1
+    for i in range(len(last) - 1, -1, -1):
+        strides[i] = step
+        step *= last[i]
+    order = _FROM_LAST[len(shape)]
+    t = torch.empty_strided(shape, [strides[d] for d in order], dtype=x.dtype)
+    return t, view(t, kind)
 
 
 def _vector_output(channels, vdt):
