@@ -154,9 +154,14 @@ def build_torch_ops(target):
         return False
     include, libdir, _ = torch
     cxx = shlex.split(os.environ.get("CXX", "c++"))
+    # The old std::string ABI, no sized deallocation and one exported symbol
+    # keep the library's glibc and libstdc++ needs at the C core's (see
+    # csrc/torch_ops.cpp): the wheels' manylinux tag stays where it was.
     cmd = cxx + ["-O2", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden",
+                 "-D_GLIBCXX_USE_CXX11_ABI=0", "-fno-sized-deallocation",
                  "-DTORCH_TARGET_VERSION=" + TORCH_TARGET_MACRO, "-Icsrc", "-isystem", include,
-                 "csrc/torch_ops.cpp", "-L" + libdir, "-ltorch_cpu", "-o", target]
+                 "csrc/torch_ops.cpp", "-L" + libdir, "-ltorch_cpu",
+                 "-Wl,--version-script=csrc/torch_ops.map", "-o", target]
     os.makedirs(os.path.dirname(target), exist_ok=True)
     print("cfbn: operator library for PyTorch: " + " ".join(cmd))
     subprocess.check_call(cmd)

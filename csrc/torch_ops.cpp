@@ -33,10 +33,22 @@
 #include <cstdint>
 #include <new>
 #include <optional>
+#include <sstream>
 #include <tuple>
 #include <vector>
 
 #include "c_api.h"
+
+// The glibc and libstdc++ this library needs decide the wheels' manylinux
+// tag, so it asks for no more than cfbn's C core does (glibc 2.17):
+// setup.py builds it with the pre-C++11 std::string ABI and without sized
+// deallocation (nothing of libstdc++ crosses the stable C shim, so the
+// choice is this library's alone), exports cfbn_torch_bind only
+// (torch_ops.map), and these two constructors, which the torch headers'
+// error messages use and libstdc++ exports only since GCC 9 (GLIBCXX_3.4.26),
+// are instantiated here, private to the library.
+template std::basic_stringstream<char>::basic_stringstream();
+template std::basic_ostringstream<char>::basic_ostringstream();
 
 namespace {
 
@@ -463,7 +475,8 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_double_backward(
 
 // libstdc++'s reference counts (std::shared_ptr, which torch::stable::Tensor
 // holds) read glibc 2.32's __libc_single_threaded where the headers have it,
-// and that one symbol would raise the wheels' glibc floor to 2.32.
+// and that one symbol would raise the wheels' glibc floor to 2.32 (see the
+// top of this file).
 // A private copy saying "not single-threaded" keeps the atomic counts always:
 // the same results, and the library loads on any glibc torch itself runs on.
 extern "C" {

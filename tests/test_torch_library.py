@@ -8,6 +8,7 @@ through the dispatcher: tracing, export, fake tensors, the profiler.
 """
 import itertools
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,35 @@ def test_the_library_uses_only_the_stable_c_shim():
     for line in subprocess.run(["nm", "-D", LIBRARY], capture_output=True, text=True,
                                check=True).stdout.splitlines():
         assert "_ZN2at" not in line and "_ZN3c10" not in line, line
+
+
+@needs_library
+def test_the_library_needs_no_newer_glibc_or_libstdcxx_than_manylinux2014():
+    # The wheels' tag covers every binary in them: the library must not
+    # raise it above the C core's manylinux_2_17 (GLIBC_2.17, GLIBCXX_3.4.19,
+    # CXXABI_1.3.7 at most).
+    out = subprocess.run(["objdump", "-T", LIBRARY], capture_output=True, text=True,
+                         check=True).stdout
+    limits = {"GLIBC": (2, 17), "GLIBCXX": (3, 4, 19), "CXXABI": (1, 3, 7)}
+    for name, version in set(re.findall(r"\((GLIBC|GLIBCXX|CXXABI)_([0-9.]+)\)", out)):
+        assert tuple(int(v) for v in version.split(".")) <= limits[name], (name, version)
+    exported = subprocess.run(["nm", "-D", "--defined-only", LIBRARY], capture_output=True,
+                              text=True, check=True).stdout.split()
+    assert exported[-1] == "cfbn_torch_bind" and exported.count("T") == 1, exported
+
+
+@needs_library
+def test_a_direct_operator_call_with_bad_arguments_raises():
+    x = torch.randn(4, 3, 5)
+    with pytest.raises(RuntimeError, match="expected float32"):
+        ops.batch_norm(x.int(), None, None, None, None, None, True, 0.1, 1e-5, 0, 0.0, None)
+    with pytest.raises(RuntimeError, match="weight: expected a CPU tensor of shape"):
+        ops.batch_norm(x, torch.ones(4), None, None, None, None, True, 0.1, 1e-5, 0, 0.0, None)
+    with pytest.raises(RuntimeError, match="save_mean"):
+        ops.batch_norm_backward(x, x, None, None, torch.ones(2), torch.ones(3), True, 1e-5, 0,
+                                0.0, None)
+    with pytest.raises(RuntimeError, match="side_input"):
+        ops.batch_norm(x, None, None, None, None, None, True, 0.1, 1e-5, 0, 0.0, x[:, :2])
 
 
 def _inputs(shape, dtype, memory, seed):
