@@ -1,4 +1,5 @@
-"""torchvision and timm for the convert tests, skipped where missing.
+"""Models for the convert tests: torchvision and timm, skipped where
+missing, and batch norms drawn away from their initial values.
 
 torchvision's compiled operators (``torchvision::nms`` and the others) load
 only against the torch build they were compiled for; where they do not, its
@@ -34,3 +35,16 @@ def timm():
     """timm, imported (the test is skipped without it or torchvision)."""
     torchvision()  # timm imports it
     return pytest.importorskip("timm")
+
+
+def randomized(model):
+    """`model` with its batch norms' parameters and running statistics drawn
+    away from their initial 1 and 0, so that each one's arithmetic counts."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+    return model

@@ -49,20 +49,7 @@ def _build(name):
         timm = _zoo.timm()
         model = timm.create_model(name[5:], pretrained=False)
         size = _TIMM[name[5:]]
-    return _randomized(model.double()), size
-
-
-def _randomized(model):
-    """Batch norm parameters and running statistics away from their
-    initial 1 and 0, so that each one's arithmetic is exercised."""
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.5, 0.5)
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 1.5)
-    return model
+    return _zoo.randomized(model.double()), size
 
 
 def _run(model, x, g, training, seed):
@@ -142,3 +129,65 @@ def test_model_matches(name):
             what = "%s fuse=%s %s" % (name, fuse, formats[i])
             worst = max(worst, _compare(got, wants[i], wants[1 - i], what))
     print("%s: worst difference %.3g times the rounding noise" % (name, worst))
+
+
+@pytest.mark.parametrize("act, name", [(nn.SiLU(), "silu"), (nn.LeakyReLU(0.1), "leaky_relu"),
+                                       (nn.GELU(), None)], ids=str)
+def test_torchvision_blocks_fuse_the_activation_they_hold(act, name):
+    tv = _zoo.torchvision()
+    torch.manual_seed(0)
+    down = nn.Sequential(nn.Conv2d(8, 16, 1, 2, bias=False), nn.BatchNorm2d(16))
+    blocks = nn.Sequential(tv.models.resnet.BasicBlock(8, 8),
+                           tv.models.resnet.Bottleneck(8, 4, 2, down))
+    for block in blocks:
+        block.relu = act
+    original = _zoo.randomized(blocks.double())
+    model = ct.convert(copy.deepcopy(original), fuse=True)
+    assert [m.activation for m in model.modules() if isinstance(m, ct.BatchNorm2d)] == \
+        [name] * 5 + [None]
+    x = torch.randn(2, 8, 6, 6, dtype=torch.float64)
+    for training in (True, False):
+        torch.testing.assert_close(model.train(training)(x), original.train(training)(x),
+                                   rtol=1e-9, atol=1e-9)
+
+
+def test_a_torchvision_block_whose_relu_has_hooks_is_not_fused():
+    tv = _zoo.torchvision()
+    block = tv.models.resnet.BasicBlock(4, 4)
+    calls = []
+    block.relu.register_forward_hook(lambda m, a, y: calls.append(1))
+    with pytest.warns(UserWarning, match="'relu' is not fused into 'bn1'"):
+        ct.convert(block, fuse=True)
+    assert block.bn1.activation is None and "forward" not in vars(block)
+    block(torch.randn(2, 4, 3, 3))
+    assert len(calls) == 2
+
+
+def _resnet18():
+    tv = _zoo.torchvision()
+    torch.manual_seed(0)
+    model = ct.convert(_zoo.randomized(tv.models.resnet18(weights=None, num_classes=10)),
+                       fuse=True)
+    return model.eval()
+
+
+# torch's tracers see the fused model's batch norms as cfbn's operators
+@pytest.mark.parametrize("how", ["jit.trace", "export", "compile"])
+def test_fused_resnet18_traces_exports_and_compiles(how):
+    model = _resnet18()
+    x = torch.randn(2, 3, 32, 32)
+    want = model(x)
+    if how == "jit.trace":
+        other = torch.jit.trace(model, (x,), check_trace=False)
+    elif how == "export":
+        other = torch.export.export(model, (x,)).module()
+    else:
+        other = torch.compile(model, fullgraph=True)
+    torch.testing.assert_close(other(x), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(other(x + 1), model(x + 1), rtol=1e-5, atol=1e-5)
+    if how != "export":  # an exported program holds its own parameters
+        # the parameters are read at run time, not captured as constants
+        with torch.no_grad():
+            model.layer1[0].bn2.weight.mul_(2)
+            model.layer1[0].bn2.running_mean.add_(1)
+        torch.testing.assert_close(other(x), model(x), rtol=1e-5, atol=1e-5)
