@@ -281,7 +281,7 @@ for ver in "${PY_VERSIONS[@]}"; do
     exported=$(nm -D --defined-only "$lib" | awk '{print $3}' | sort -u)
     for arch in "${ARCHES[@]}"; do
         raw=$(one_file "$RAW/$ver-$arch/cfbn-*-linux_$arch.whl")
-        so=$(unzip -Z1 "$raw" | grep '\.so$')
+        so=$(unzip -Z1 "$raw" | grep '^cfbn/_kernels.*\.so$')
         needed=$(unzip -p "$raw" "$so" >"$EDGE/symcheck.so" && nm -D --undefined-only "$EDGE/symcheck.so" \
             | awk '{print $2}' | grep -E '^_?Py' | sort -u)
         missing=$(comm -23 <(printf '%s\n' "$needed") <(printf '%s\n' "$exported"))

@@ -60,8 +60,12 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     it.  Differentiable twice; forward-mode AD is not implemented (an
     error).
     """
-    eps = _checks.call(input, weight, bias, running_mean, running_var, side_input, training,
-                       momentum, eps)
+    if torch.jit.is_tracing():
+        # shapes are traced values here, and the operator checks them again
+        eps = float(eps)
+    else:
+        eps = _checks.call(input, weight, bias, running_mean, running_var, side_input, training,
+                           momentum, eps)
     act, act_alpha = ops.activation_code(activation, alpha)
     _refuse_forward_ad(input, weight, bias, running_mean, running_var, side_input)
     args = (input, weight, bias, running_mean, running_var, num_batches_tracked, bool(training),

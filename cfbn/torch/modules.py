@@ -6,6 +6,7 @@ input checks, with the forward computed by cfbn.torch.batch_norm.  Two
 additions: ``activation=`` (with ``alpha=``) fuses an activation, and
 ``forward(input, side_input=None)`` a residual add before it.
 """
+import torch
 import torch.nn as nn
 
 from . import _bridge, functional
@@ -43,7 +44,7 @@ class _Fused:
             The input's shape, dtype and memory format.
         """
         self._check_input_dim(input)
-        if input.shape[1] != self.num_features:
+        if input.shape[1] != self.num_features and not torch.jit.is_tracing():
             raise ValueError("num_features: %s(%d) expects %d channels, got input of shape %s"
                              % (type(self).__name__, self.num_features, self.num_features,
                                 tuple(input.shape)))
