@@ -79,9 +79,9 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         with _below_autograd():
             y, _, _, new_mean, new_var = ops.batch_norm(*args)
     if training and running_mean is not None:
-        with torch.no_grad():
-            running_mean.copy_(new_mean)
-            running_var.copy_(new_var)
+        # new_mean and new_var never require grad: no autograd to step around
+        running_mean.copy_(new_mean)
+        running_var.copy_(new_var)
     return y
 
 
