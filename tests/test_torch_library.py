@@ -275,3 +275,35 @@ def test_torch_thread_count_is_used_and_changes_no_bit():
         torch.set_num_threads(before)
     for y, g in results[1:]:
         assert torch.equal(y, results[0][0]) and torch.equal(g, results[0][1])
+
+
+def test_a_first_call_compiles_nothing_and_writes_no_cache(tmp_path):
+    # A compile on first use left a lock file behind when killed, and every
+    # later process waited on it: nothing may be compiled or cached now.
+    code = ("import sys, torch, cfbn.torch as ct\n"
+            "x = torch.randn(4, 3, 5, 5, requires_grad=True)\n"
+            "ct.BatchNorm2d(3, activation='relu')(x).sum().backward()\n"
+            "print('torch.utils.cpp_extension' in sys.modules)\n")
+    env = dict(os.environ, HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"),
+               TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_training_steps_leave_nothing_in_cfbns_output_cache():
+    # Outputs of 1 MiB and more once went through cfbn's cache of freed
+    # outputs, which kept tens of MiB between steps where PyTorch could not
+    # see them.  The (32, 64, 64, 64) outputs here are 32 MiB each.
+    from cfbn import _kernels
+    _kernels.release_output_cache()
+    before = _kernels.output_cache_stats()
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3), ct.BatchNorm2d(64, activation="relu"))
+    x = torch.randn(32, 3, 66, 66)
+    for _ in range(3):
+        model(x).sum().backward()
+    after = _kernels.output_cache_stats()
+    assert after["held_bytes"] == 0, after
+    assert (after["hits"], after["misses"]) == (before["hits"], before["misses"]), (before, after)
