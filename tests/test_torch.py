@@ -591,3 +591,23 @@ def test_export_records_the_operator(training):
     program = torch.export.export(twin, (x,))
     assert "torch.ops.cfbn.batch_norm.default" in program.graph_module.code
     torch.testing.assert_close(program.module()(x), model(x))
+
+
+def test_errors_speak_pytorchs_words():
+    x = torch.randn(2, 4, 3, 3)
+    # nn takes any momentum: (1 - m) * old + m * batch
+    ours, ref = ct.BatchNorm2d(4, momentum=1.5), nn.BatchNorm2d(4, momentum=1.5)
+    torch.testing.assert_close(ours(x), ref(x))
+    torch.testing.assert_close(ours.running_var, ref.running_var)
+    with pytest.raises(ValueError, match=r"num_features: BatchNorm2d\(5\) expects 5 channels, "
+                                         r"got input of shape \(2, 4, 3, 3\)"):
+        ct.BatchNorm2d(5)(x)
+    bn = ct.BatchNorm2d(4, activation="relu")
+    with pytest.raises(ValueError, match=r"side_input: expected the input's shape "
+                                         r"\(2, 4, 3, 3\), got \(2, 4, 9\)"):
+        bn(x, side_input=torch.randn(2, 4, 9))
+    with pytest.raises(ValueError, match=r"running_mean: expected 4 values, one per channel of "
+                                         r"input of shape \(2, 4, 3, 3\), got shape \(5,\)"):
+        ct.batch_norm(x, torch.zeros(5), torch.ones(5))
+    with pytest.raises(ValueError, match="momentum: expected a finite number"):
+        ct.batch_norm(x, torch.zeros(4), torch.ones(4), training=True, momentum=float("nan"))
