@@ -100,13 +100,26 @@ static int thread_count(const cfbn_shape *s)
     return s->n_threads < CFBN_MAX_THREADS ? s->n_threads : CFBN_MAX_THREADS;
 }
 
+/* The runner of this thread's calls (cfbn_set_call_runner): per thread, so
+ * that a client's pool never runs another caller's calls. */
+static _Thread_local cfbn_run_fn call_runner;
+
+void cfbn_set_call_runner(cfbn_run_fn run)
+{
+    call_runner = run;
+}
+
 /* Run fn(ctx, t) for t in [0, tasks).  With one thread no parallel region
  * is entered at all: even an if(0) region costs a microsecond in libgomp,
  * which is most of a small tensor's call. */
-typedef void (*task_fn)(void *ctx, int64_t t);
+typedef cfbn_task_fn task_fn;
 
 static void parallel_for(int nt, int64_t tasks, task_fn fn, void *ctx)
 {
+    if (call_runner != NULL && nt > 1 && tasks > 1) {
+        call_runner(tasks, fn, ctx);
+        return;
+    }
 #ifdef _OPENMP
     if (nt > 1 && tasks > 1) {
 #pragma omp parallel for schedule(static) num_threads(nt)

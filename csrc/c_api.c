@@ -6,6 +6,15 @@
 #include "out_cache.h"
 
 static const cfbn_kernels *selected;
+static cfbn_c_api_run_fn client_runner;
+
+static void set_runner(cfbn_c_api_run_fn run)
+{
+    client_runner = run;
+}
+
+/* Each entry below runs its call with the client's pool, if it set one
+ * (cfbn_set_call_runner: for this thread, until it is reset). */
 
 void cfbn_c_api_select(const cfbn_kernels *k)
 {
@@ -46,9 +55,12 @@ static int forward_training(int dtype, int layout, int64_t outer, int64_t channe
     cfbn_shape s;
     cfbn_fusion f;
     shape_of(&s, dtype, layout, outer, channels, inner, n_threads);
-    return cfbn_forward_training(selected, &s, x, scale, offset, mean, variance, epsilon, factor,
-                                 y, batch_mean, batch_variance, saved_mean, saved_variance,
-                                 fusion_of(&f, act, alpha, side, NULL, NULL));
+    cfbn_set_call_runner(client_runner);
+    int rc = cfbn_forward_training(selected, &s, x, scale, offset, mean, variance, epsilon, factor,
+                                   y, batch_mean, batch_variance, saved_mean, saved_variance,
+                                   fusion_of(&f, act, alpha, side, NULL, NULL));
+    cfbn_set_call_runner(NULL);
+    return rc;
 }
 
 static int forward_inference(int dtype, int layout, int64_t outer, int64_t channels,
@@ -60,9 +72,12 @@ static int forward_inference(int dtype, int layout, int64_t outer, int64_t chann
     cfbn_shape s;
     cfbn_fusion f;
     shape_of(&s, dtype, layout, outer, channels, inner, n_threads);
-    return cfbn_forward_inference(selected, &s, x, scale, offset, mean, variance, epsilon, y,
-                                  NULL, NULL, saved_mean, saved_variance,
-                                  fusion_of(&f, act, alpha, side, NULL, NULL));
+    cfbn_set_call_runner(client_runner);
+    int rc = cfbn_forward_inference(selected, &s, x, scale, offset, mean, variance, epsilon, y,
+                                    NULL, NULL, saved_mean, saved_variance,
+                                    fusion_of(&f, act, alpha, side, NULL, NULL));
+    cfbn_set_call_runner(NULL);
+    return rc;
 }
 
 static int backward(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
@@ -74,9 +89,12 @@ static int backward(int dtype, int layout, int64_t outer, int64_t channels, int6
     cfbn_shape s;
     cfbn_fusion f;
     shape_of(&s, dtype, layout, outer, channels, inner, n_threads);
-    return cfbn_backward(selected, &s, training, dy, x, scale, saved_mean, saved_variance,
-                         epsilon, dx, scale_backprop, offset_backprop,
-                         fusion_of(&f, act, alpha, side, offset, side_grad));
+    cfbn_set_call_runner(client_runner);
+    int rc = cfbn_backward(selected, &s, training, dy, x, scale, saved_mean, saved_variance,
+                           epsilon, dx, scale_backprop, offset_backprop,
+                           fusion_of(&f, act, alpha, side, offset, side_grad));
+    cfbn_set_call_runner(NULL);
+    return rc;
 }
 
 static void *output_alloc(size_t nbytes)
@@ -108,14 +126,17 @@ static int backward_backward(int dtype, int layout, int64_t outer, int64_t chann
 {
     cfbn_shape s;
     shape_of(&s, dtype, layout, outer, channels, inner, n_threads);
-    return cfbn_backward_backward(selected, &s, training, dy, x, scale, saved_mean,
-                                  saved_variance, epsilon, ggx, ggscale, ggoffset, ddy, dx,
-                                  scale_backprop);
+    cfbn_set_call_runner(client_runner);
+    int rc = cfbn_backward_backward(selected, &s, training, dy, x, scale, saved_mean,
+                                    saved_variance, epsilon, ggx, ggscale, ggoffset, ddy, dx,
+                                    scale_backprop);
+    cfbn_set_call_runner(NULL);
+    return rc;
 }
 
 static const cfbn_c_api table = {
     CFBN_C_API_VERSION, forward_training, forward_inference, backward, output_alloc, output_free,
-    backward_backward,
+    backward_backward, set_runner,
 };
 
 const void *cfbn_c_api_get(void)

@@ -34,8 +34,14 @@
 extern "C" {
 #endif
 
-#define CFBN_C_API_VERSION 2
+#define CFBN_C_API_VERSION 3
 #define CFBN_C_API_CAPSULE "cfbn._kernels.c_api"
+
+/* A client's thread pool (set_runner): run(tasks, task, ctx) calls
+ * task(ctx, t) once for every t in [0, tasks), on any threads, and returns
+ * when all are done. */
+typedef void (*cfbn_c_api_task_fn)(void *ctx, int64_t t);
+typedef void (*cfbn_c_api_run_fn)(int64_t tasks, cfbn_c_api_task_fn task, void *ctx);
 
 typedef struct {
     int version;  /* CFBN_C_API_VERSION */
@@ -67,6 +73,10 @@ typedef struct {
                              const void *saved_variance, double epsilon, const void *ggx,
                              const void *ggscale, const void *ggoffset, void *ddy, void *dx,
                              void *scale_backprop);
+    /* The pool that runs the driver's parallel loops in the calls made
+     * through this table (version 3): NULL, the default, is cfbn's OpenMP
+     * loop.  Set once, before the calls; the results are the same bits. */
+    void (*set_runner)(cfbn_c_api_run_fn run);
 } cfbn_c_api;
 
 #ifdef __cplusplus

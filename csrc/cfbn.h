@@ -432,6 +432,15 @@ int cfbn_openmp_max_threads(void);
 int cfbn_threads_init(void);
 int cfbn_forked_child(void);
 
+/* Another thread pool for the calls of this thread (the C API's clients:
+ * PyTorch's intra-op pool for cfbn.torch): run(tasks, task, ctx) calls
+ * task(ctx, t) once for every t in [0, tasks), on any of its threads, and
+ * returns when all are done.  NULL (the default) is cfbn's OpenMP loop.
+ * The tasks are the same whichever runs them, and so are the results. */
+typedef void (*cfbn_task_fn)(void *ctx, int64_t t);
+typedef void (*cfbn_run_fn)(int64_t tasks, cfbn_task_fn task, void *ctx);
+void cfbn_set_call_runner(cfbn_run_fn run);
+
 #ifdef __cplusplus
 }
 #endif

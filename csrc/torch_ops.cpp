@@ -483,15 +483,31 @@ extern "C" {
 char __libc_single_threaded = 0;
 }
 
+// The driver's parallel loops on PyTorch's intra-op pool: the tasks cfbn's
+// plan made for torch.get_num_threads() threads, run by at::parallel_for's
+// threads instead of a second OpenMP runtime's (a wheel vendors its own
+// libgomp beside the one torch ships, and the idle threads of each spin
+// while the other works).
+void run_on_torch_pool(int64_t tasks, cfbn_c_api_task_fn task, void *ctx)
+{
+    torch::stable::parallel_for(0, tasks, 1, [task, ctx](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t)
+            task(ctx, t);
+    });
+}
+
 // The loader's one call after loading: cfbn._kernels' table of C functions
-// (its capsule "cfbn._kernels.c_api").  Returns the table version this
-// library needs when the table is another version, else 0.
-extern "C" __attribute__((visibility("default"))) int cfbn_torch_bind(const void *table)
+// (its capsule "cfbn._kernels.c_api"), and whether its parallel loops run
+// on PyTorch's pool (else cfbn's OpenMP threads).  Returns the table
+// version this library needs when the table is another version, else 0.
+extern "C" __attribute__((visibility("default"))) int cfbn_torch_bind(const void *table,
+                                                                      int torch_pool)
 {
     const cfbn_c_api *t = static_cast<const cfbn_c_api *>(table);
     if (t == nullptr || t->version != CFBN_C_API_VERSION)
         return CFBN_C_API_VERSION;
     api = t;
+    api->set_runner(torch_pool ? run_on_torch_pool : nullptr);
     return 0;
 }
 

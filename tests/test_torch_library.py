@@ -307,3 +307,32 @@ def test_training_steps_leave_nothing_in_cfbns_output_cache():
     after = _kernels.output_cache_stats()
     assert after["held_bytes"] == 0, after
     assert (after["hits"], after["misses"]) == (before["hits"], before["misses"]), (before, after)
+
+
+@needs_library
+def test_torch_pool_and_openmp_threads_give_the_same_bits(tmp_path):
+    code = ("import sys, torch, cfbn.torch as ct\n"
+            "torch.set_num_threads(2)\n"
+            "g = torch.Generator().manual_seed(5)\n"
+            "out = []\n"
+            "for shape, mf in [((32, 48, 24, 24), None), ((32, 48, 24, 24), torch.channels_last),\n"
+            "                  ((4096, 96), None)]:\n"
+            "    x = torch.randn(shape, generator=g).requires_grad_()\n"
+            "    if mf is not None:\n"
+            "        x = x.detach().contiguous(memory_format=mf).requires_grad_()\n"
+            "    bn = ct.BatchNorm1d(shape[1]) if len(shape) == 2 else "
+            "ct.BatchNorm2d(shape[1], activation='silu')\n"
+            "    y = bn(x)\n"
+            "    y.backward(torch.randn(shape, generator=g))\n"
+            "    out += [y.detach(), x.grad, bn.weight.grad, bn.running_var]\n"
+            "torch.save(out, sys.argv[1])\n")
+    results = {}
+    for pool in ("torch", "openmp"):
+        path = tmp_path / (pool + ".pt")
+        env = dict(os.environ, CFBN_TORCH_POOL=pool)
+        out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        results[pool] = torch.load(path)
+    for a, b in zip(results["torch"], results["openmp"]):
+        assert torch.equal(a, b)

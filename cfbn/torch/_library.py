@@ -13,6 +13,10 @@ Where it cannot load (a build without PyTorch, torch older than 2.10, or
 ``CFBN_TORCH_LIBRARY=0``), `load` returns a reason and cfbn.torch defines
 the same operators in Python over NumPy views (cfbn.torch._bridge): the
 same results, slower per call.
+
+``CFBN_TORCH_POOL`` chooses the threads the operators' kernels run on:
+``torch`` (the default), PyTorch's intra-op pool, or ``openmp``, cfbn's own
+OpenMP threads (as the NumPy calls use).  Either gives the same bits.
 """
 import ctypes
 import os
@@ -23,6 +27,8 @@ NAME = "_ops.so"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # The stable ABI's floor: the library is built with TORCH_TARGET_VERSION 2.10.
 MIN_TORCH = (2, 10)
+# The threads of the operators' parallel loops by default (CFBN_TORCH_POOL).
+POOL = "torch"
 
 
 def _torch_version():
@@ -53,7 +59,10 @@ def load():
         lib = ctypes.CDLL(path)
     except OSError as exc:
         return "the operator library did not load (%s)" % exc
-    needed = lib.cfbn_torch_bind(ctypes.c_void_p(_c_api_address()))
+    pool = os.environ.get("CFBN_TORCH_POOL", POOL)
+    if pool not in ("torch", "openmp"):
+        raise ValueError("CFBN_TORCH_POOL: expected 'torch' or 'openmp', got %r" % pool)
+    needed = lib.cfbn_torch_bind(ctypes.c_void_p(_c_api_address()), int(pool == "torch"))
     if needed != 0:
         return ("the operator library needs cfbn's C API version %d, which this build of "
                 "cfbn._kernels does not export (a mixed installation?)" % needed)
