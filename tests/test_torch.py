@@ -611,3 +611,6 @@ def test_errors_speak_pytorchs_words():
         ct.batch_norm(x, torch.zeros(5), torch.ones(5))
     with pytest.raises(ValueError, match="momentum: expected a finite number"):
         ct.batch_norm(x, torch.zeros(4), torch.ones(4), training=True, momentum=float("nan"))
+    # nothing of num_features' length: nn computes any channel count, and so do these
+    bare = dict(affine=False, track_running_stats=False)
+    torch.testing.assert_close(ct.BatchNorm2d(5, **bare)(x), nn.BatchNorm2d(5, **bare)(x))

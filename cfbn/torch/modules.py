@@ -44,7 +44,11 @@ class _Fused:
             The input's shape, dtype and memory format.
         """
         self._check_input_dim(input)
-        if input.shape[1] != self.num_features and not torch.jit.is_tracing():
+        # A module with neither weight nor running statistics has nothing of
+        # num_features' length, and nn computes any channel count with it.
+        if input.shape[1] != self.num_features and (
+                self.weight is not None or self.running_mean is not None) and \
+                not torch.jit.is_tracing():
             raise ValueError("num_features: %s(%d) expects %d channels, got input of shape %s"
                              % (type(self).__name__, self.num_features, self.num_features,
                                 tuple(input.shape)))
