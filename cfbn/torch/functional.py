@@ -70,7 +70,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     _refuse_forward_ad(input, weight, bias, running_mean, running_var, side_input)
     args = (input, weight, bias, running_mean, running_var, num_batches_tracked, bool(training),
             momentum, eps, act, act_alpha, side_input)
-    if _traced(input, weight, bias):
+    if _traced(input, weight, bias, side_input):
         y, _, _, new_mean, new_var = ops.batch_norm(*args)
     elif torch.is_grad_enabled() and (input.requires_grad or _requires_grad(weight)
                                       or _requires_grad(bias) or _requires_grad(side_input)):
