@@ -71,18 +71,19 @@ def array(t):
         return array(t.detach())
 
 
-def check_input(x, name="input"):
-    """x's vector dtype; a TypeError for a tensor cfbn cannot compute."""
+def check_input(x, name="input", meta=False):
+    """x's vector dtype; a TypeError for a tensor cfbn cannot compute.  With
+    `meta`, meta tensors pass too (the operators' fake kernels take them)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError("%s: expected a torch.Tensor, got %s" % (name, type(x).__name__))
-    if not x.is_cpu:
-        raise TypeError("%s: cfbn.torch computes CPU tensors, got one on %s" % (name, x.device))
     vdt = VECTOR_DTYPES.get(x.dtype)
     if vdt is None:
         _wrong_dtype(x, name)
-    if x.dim() < 2 or x.dim() > 5:
-        raise ValueError("%s: expected a 2-D to 5-D tensor (N, C, ...), got %d dimensions"
-                         % (name, x.dim()))
+    if not x.is_cpu and not (meta and x.is_meta):
+        raise TypeError("%s: cfbn.torch computes CPU tensors, got one on %s" % (name, x.device))
+    if not 2 <= x.dim() <= 5:
+        raise ValueError("%s: expected a 2-D to 5-D tensor (N, C, ...), got shape %s"
+                         % (name, tuple(x.shape)))
     return vdt
 
 

@@ -12,28 +12,11 @@ import torch
 
 from . import _bridge
 
-_FLOATS = tuple(_bridge.VECTOR_DTYPES)
 _HALF = (torch.float16, torch.bfloat16)
 
 
 def _shape(t):
     return tuple(t.shape)
-
-
-def input_tensor(x, name="input"):
-    """x's per-channel dtype, after checking x is a tensor cfbn computes."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError("%s: expected a torch.Tensor, got %s" % (name, type(x).__name__))
-    vdt = _bridge.VECTOR_DTYPES.get(x.dtype)
-    if vdt is None:
-        raise TypeError("%s: expected float32, float64, float16 or bfloat16, got %s"
-                        % (name, x.dtype))
-    if x.device.type not in ("cpu", "meta"):
-        raise TypeError("%s: cfbn.torch computes CPU tensors, got one on %s" % (name, x.device))
-    if not 2 <= x.dim() <= 5:
-        raise ValueError("%s: expected a 2-D to 5-D tensor (N, C, ...), got shape %s"
-                         % (name, _shape(x)))
-    return vdt
 
 
 def channel_vector(v, name, x, vdt):
@@ -79,7 +62,7 @@ def number(value, name, low):
 
 def call(x, weight, bias, running_mean, running_var, side_input, training, momentum, eps):
     """Every rule of one batch-norm call; returns eps as a float."""
-    vdt = input_tensor(x)
+    vdt = _bridge.check_input(x, meta=True)
     for v, name in ((weight, "weight"), (bias, "bias"), (running_mean, "running_mean"),
                     (running_var, "running_var")):
         channel_vector(v, name, x, vdt)
