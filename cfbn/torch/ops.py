@@ -84,6 +84,17 @@ def _define_in_python():
                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         factor = _factor(momentum, num_batches_tracked) if training else 0.0
         name, a = _name(activation, alpha)
+        if training and running_mean is not None and not 0.0 <= factor <= 1.0:
+            # cfbn's kernels take TensorFlow's factor, in [0, 1]; nn takes any
+            # momentum.  Factor 1 gives the batch's statistics (the variance
+            # Bessel-corrected, as nn keeps it), blended here as nn does.
+            y, save_mean, save_var, batch_mean, batch_var = _bridge.forward(
+                input, weight, bias, running_mean, running_var, training, 1.0, eps, name, a,
+                side_input, False)
+            vdt = batch_mean.dtype
+            return (y, save_mean, save_var,
+                    running_mean.to(vdt) * (1 - factor) + batch_mean * factor,
+                    running_var.to(vdt) * (1 - factor) + batch_var * factor)
         return _bridge.forward(input, weight, bias, running_mean, running_var, training,
                                factor, eps, name, a, side_input, False)
 
