@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -19,3 +20,23 @@ def isa(request):
     """Run the test once per kernel table this CPU can execute."""
     with selected(request.param):
         yield request.param
+
+
+def pytest_collection_modifyitems(config, items):
+    """CFBN_TEST_SHARD=I/N keeps every N-th collected test from the I-th
+    (0-based): N processes with I = 0..N-1 run the whole suite between them.
+    For emulated CPUs, where one Python process keeps one core busy and a
+    machine has more."""
+    shard = os.environ.get("CFBN_TEST_SHARD")
+    if not shard:
+        return
+    try:
+        index, count = (int(v) for v in shard.split("/"))
+        if not 0 <= index < count:
+            raise ValueError
+    except ValueError:
+        raise pytest.UsageError("CFBN_TEST_SHARD: expected I/N with 0 <= I < N, got %r" % shard)
+    keep = [item for k, item in enumerate(items) if k % count == index]
+    config.hook.pytest_deselected(items=[item for k, item in enumerate(items)
+                                         if k % count != index])
+    items[:] = keep

@@ -39,7 +39,7 @@
 # (the pytest runs, default "neon scalar cp313"; CI runs "neon"),
 # CFBN_AARCH64_SELFCHECK (the roots whose wheel gets `python -m cfbn`, default
 # "bullseye bookworm trixie"), CFBN_AARCH64_SUBSET, CFBN_CP313_WHOLE (the
-# cp313 run takes the whole suite).
+# cp313 run takes the whole suite), CFBN_NEON_SHARDS (the neon run's processes).
 set -euo pipefail
 . "$(dirname "$0")/_lib.sh"
 need qemu-aarch64 aarch64-linux-gnu-gcc
@@ -135,12 +135,20 @@ what_313=("${SUBSET_313[@]}")
 neon_only=(-k "not scalar")
 scalar_only=(-k "not neon")
 [ -z "${CFBN_SCALAR_FULL:-}" ] || { neon_only=(); scalar_only=(); }
+# CFBN_NEON_SHARDS=N: the neon run as N processes side by side, each with
+# every N-th test (CFBN_TEST_SHARD, tests/conftest.py), for the cores that
+# the other runs leave idle.
+SHARDS=${CFBN_NEON_SHARDS:-1}
 declare -A pid
 for run in "${RUNS[@]}"; do
     case $run in
-        neon) CFBN_EXPECT_ISA=neon run_suite aarch64-neon \
-                  "${PY[bullseye]}" -m pytest "${what[@]}" -q -p no:cacheprovider "${neon_only[@]}" ${PYTEST_ARGS:-} \
-                  >"$EDGE/summary-neon.txt" & ;;
+        neon) for ((i = 0; i < SHARDS; i++)); do
+                  CFBN_TEST_SHARD=$i/$SHARDS CFBN_EXPECT_ISA=neon run_suite aarch64-neon-$i \
+                      "${PY[bullseye]}" -m pytest "${what[@]}" -q -p no:cacheprovider "${neon_only[@]}" ${PYTEST_ARGS:-} \
+                      >"$EDGE/summary-neon-$i.txt" &
+                  pid[neon-$i]=$!
+              done
+              continue ;;
         scalar) CFBN_FORCE_ISA=scalar CFBN_EXPECT_ISA=scalar run_suite aarch64-scalar \
                   "${PY[bookworm]}" -m pytest "${what[@]}" -q -p no:cacheprovider "${scalar_only[@]}" ${PYTEST_ARGS:-} \
                   >"$EDGE/summary-scalar.txt" & ;;
@@ -154,13 +162,17 @@ done
 selfchecks >"$EDGE/selfchecks.txt" 2>&1 &
 checks=$!
 failed=()
-for run in "${RUNS[@]}"; do wait "${pid[$run]}" || failed+=("$run"); done
+for job in "${!pid[@]}"; do wait "${pid[$job]}" || failed+=("$job"); done
 wait "$checks" || failed+=("python -m cfbn")
 echo "python -m cfbn under qemu-aarch64 -cpu $CPU (beside the suites):"
 cat "$EDGE/selfchecks.txt"
 for run in "${RUNS[@]}"; do
     case $run in
-        neon) echo "cp39, Debian 11 python3.9, NEON table selected ${neon_only[*]}:" ;;
+        neon) for ((i = 0; i < SHARDS; i++)); do
+                  echo "cp39, Debian 11 python3.9, NEON table selected ${neon_only[*]}, shard $i/$SHARDS:"
+                  cat "$EDGE/summary-neon-$i.txt"
+              done
+              continue ;;
         scalar) echo "cp311, Debian 12 python3.11, CFBN_FORCE_ISA=scalar ${scalar_only[*]}:" ;;
         cp313) echo "cp313, Debian 13 python3.13, NEON table selected, ${what_313[*]#tests/} -k not scalar:" ;;
     esac

@@ -4,8 +4,9 @@
 # the other.  Under qemu each test process keeps about one core busy, so on a
 # 2-core machine the suites (by default aarch64 cp39 NEON on Debian 11,
 # aarch64 cp311 scalar, the aarch64 cp313 subset, x86-64 cp39 on Nehalem;
-# CFBN_AARCH64_RUNS narrows the aarch64 ones) finish in about the time of the
-# longest instead of their sum.
+# CFBN_AARCH64_RUNS narrows the aarch64 ones, CFBN_NEON_SHARDS splits the
+# NEON run into processes, CFBN_OLD_X86_SUBSET shortens the Nehalem one)
+# finish in about the time of the longest instead of their sum.
 set -euo pipefail
 . "$(dirname "$0")/_lib.sh"
 
