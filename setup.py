@@ -112,15 +112,23 @@ TORCH_TARGET_MACRO = "0x020a000000000000"
 TORCH_OPS = os.path.join("cfbn", "torch", "_ops.so")
 
 
+def cross_build():
+    """Whether the target is another machine than the one building (setuptools
+    and sysconfig take the target from _PYTHON_HOST_PLATFORM)."""
+    return bool(os.environ.get("_PYTHON_HOST_PLATFORM"))
+
+
 def installed_torch():
     """(include dir, library dir, version) of the PyTorch to build against, or
-    None: $CFBN_TORCH_DIR (a torch package folder, for wheels built by
-    Pythons that have no torch of their own: the library does not depend on
-    the Python), else the one this Python can import, found without
+    None: $CFBN_TORCH_DIR (a torch package folder of the target's
+    architecture, for wheels built by Pythons that have no torch of their own,
+    and for cross builds: the library does not depend on the Python), else,
+    in a native build, the one this Python can import, found without
     importing it (an import takes seconds)."""
     root = os.environ.get("CFBN_TORCH_DIR")
     if not root:
-        spec = importlib.util.find_spec("torch")
+        # a cross build's own interpreter imports the build machine's torch
+        spec = None if cross_build() else importlib.util.find_spec("torch")
         if spec is None or not spec.submodule_search_locations:
             return None
         root = list(spec.submodule_search_locations)[0]
@@ -135,10 +143,39 @@ def installed_torch():
     return include, os.path.join(root, "lib"), (int(found.group(1)), int(found.group(2)))
 
 
+# e_machine of the ELF header: a library of the wrong architecture in a wheel
+# fails only on the user's machine, so the build checks it.
+ELF_MACHINES = {62: "x86_64", 183: "aarch64"}
+
+
+def elf_machine(path):
+    with open(path, "rb") as f:
+        head = f.read(20)
+    if head[:4] != b"\x7fELF":
+        return None
+    return ELF_MACHINES.get(int.from_bytes(head[18:20], "little"), "other")
+
+
+def torch_ops_compiler():
+    """$CXX, else the target's C++ compiler of a cross build (the target
+    Python's sysconfigdata names it: aarch64-linux-gnu-g++), else c++."""
+    if os.environ.get("CXX"):
+        return shlex.split(os.environ["CXX"])
+    if cross_build() and sysconfig.get_config_var("CXX"):
+        return shlex.split(sysconfig.get_config_var("CXX"))
+    return ["c++"]
+
+
 def build_torch_ops(target):
-    """Compile csrc/torch_ops.cpp into `target` (cfbn/torch/_ops.so) when a
-    PyTorch of TORCH_TARGET or later is installed for a native build; True
-    when it did.
+    """Put cfbn.torch's operator library at `target` (cfbn/torch/_ops.so);
+    True when it did.
+
+    $CFBN_TORCH_OPS_PREBUILT names one built before, which is copied: the
+    library does not depend on the Python, so the wheels of an architecture
+    can share one build (tools/build_wheels.sh).  Else csrc/torch_ops.cpp is
+    compiled when a PyTorch of TORCH_TARGET or later is there to build
+    against: installed for this Python, or $CFBN_TORCH_DIR (required for a
+    cross build, with a torch of the target's architecture).
 
     The library uses LibTorch's stable C shim only (TORCH_TARGET_VERSION):
     no C++ class of torch crosses into it, so one binary serves every
@@ -147,16 +184,24 @@ def build_torch_ops(target):
     if os.environ.get("CFBN_TORCH_LIBRARY", "") == "0":
         print("cfbn: operator library for PyTorch: skipped (CFBN_TORCH_LIBRARY=0)")
         return False
+    prebuilt = os.environ.get("CFBN_TORCH_OPS_PREBUILT")
+    if prebuilt:
+        check_torch_ops_machine(prebuilt)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(prebuilt, target)
+        print("cfbn: operator library for PyTorch: %s (CFBN_TORCH_OPS_PREBUILT)" % prebuilt)
+        return True
     torch = installed_torch()
-    if torch is None or torch[2] < TORCH_TARGET or os.environ.get("_PYTHON_HOST_PLATFORM"):
+    if torch is None or torch[2] < TORCH_TARGET:
         print("cfbn: operator library for PyTorch: not built (needs torch >= %d.%d installed "
-              "for the build, and a native build)" % TORCH_TARGET)
+              "for the build, or CFBN_TORCH_DIR: a torch package folder of the target's "
+              "architecture)" % TORCH_TARGET)
         return False
     include, libdir, _ = torch
-    cxx = shlex.split(os.environ.get("CXX", "c++"))
     # The old std::string ABI, no sized deallocation and one exported symbol
     # keep the library's glibc and libstdc++ needs at the C core's (see
     # csrc/torch_ops.cpp): the wheels' manylinux tag stays where it was.
+    cxx = torch_ops_compiler()
     cmd = cxx + ["-O2", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden",
                  "-D_GLIBCXX_USE_CXX11_ABI=0", "-fno-sized-deallocation",
                  "-DTORCH_TARGET_VERSION=" + TORCH_TARGET_MACRO, "-Icsrc", "-isystem", include,
@@ -165,7 +210,15 @@ def build_torch_ops(target):
     os.makedirs(os.path.dirname(target), exist_ok=True)
     print("cfbn: operator library for PyTorch: " + " ".join(cmd))
     subprocess.check_call(cmd)
+    check_torch_ops_machine(target)
     return True
+
+
+def check_torch_ops_machine(path):
+    machine, arch = elf_machine(path), target_arch()
+    if arch != "other" and machine != arch:
+        raise SystemExit("cfbn: operator library %s: %s, but the target is %s"
+                         % (path, "an ELF file for " + machine if machine else "not an ELF file", arch))
 
 
 class BuildExt(build_ext):

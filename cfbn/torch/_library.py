@@ -1,13 +1,13 @@
 """Loads cfbn's prebuilt operator library (csrc/torch_ops.cpp) into PyTorch.
 
-The library is compiled when cfbn is built with PyTorch installed (a wheel,
-or ``pip install --no-build-isolation .`` beside torch), against LibTorch's
-stable ABI for torch 2.10 and later: nothing is compiled on the user's
-machine.  Loading it registers ``torch.ops.cfbn.batch_norm``,
-``batch_norm_backward`` and ``batch_norm_double_backward`` with their C++
-kernels; cfbn._kernels then hands it the table of its C driver (the capsule
-``cfbn._kernels.c_api``), so the operators run the kernels, and the ISA,
-that ``import cfbn`` selected.
+The library is compiled when cfbn is built with PyTorch installed (every
+x86-64 and aarch64 wheel carries it, or ``pip install --no-build-isolation .``
+beside torch), against LibTorch's stable ABI for torch 2.10 and later:
+nothing is compiled on the user's machine.  Loading it registers
+``torch.ops.cfbn.batch_norm``, ``batch_norm_backward`` and
+``batch_norm_double_backward`` with their C++ kernels; cfbn._kernels then
+hands it the table of its C driver (the capsule ``cfbn._kernels.c_api``), so
+the operators run the kernels, and the ISA, that ``import cfbn`` selected.
 
 Where it cannot load (a build without PyTorch, torch older than 2.10, or
 ``CFBN_TORCH_LIBRARY=0``), `load` returns a reason and cfbn.torch defines

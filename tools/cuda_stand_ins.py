@@ -1,0 +1,157 @@
+"""Stand-ins for the NVIDIA libraries that PyPI's aarch64 torch links, so that
+its CPU side runs under qemu-user on a machine with no GPU.
+
+PyPI's torch for aarch64 is a CUDA build: libtorch_cpu, libtorch_cuda and
+libtorch_python name libcudart, libcublas, libcudnn, libnccl and more, which
+come in separate nvidia-* wheels (gigabytes; the cuDNN and NCCL releases that
+torch 2.13 pins are not on the package index CI reaches).  The dynamic loader
+needs of each such library only that it exists under its soname, defines the
+symbol versions the torch libraries ask of it, and defines the symbols they
+import from it (Python loads extensions with RTLD_NOW).  A stand-in is that
+and nothing more: every function returns 100 (cudaErrorNoDevice in CUDA's
+runtime, a failure status in each of these C APIs), and the functions that
+turn a status into text return a text saying there is no GPU.  torch then
+sees no GPU, as on a machine without a driver; the CPU operators, which are
+what cfbn's operator library calls, are torch's own.
+
+Usage: python cuda_stand_ins.py TORCH_PACKAGE_DIR ARM64_ROOT OUT_DIR
+(OUT_DIR: a folder on the torch libraries' RPATH, e.g. site/nvidia/cu13/lib).
+Needs aarch64-linux-gnu-gcc and aarch64-linux-gnu-readelf.
+"""
+import os
+import re
+import subprocess
+import sys
+
+READELF = "aarch64-linux-gnu-readelf"
+CC = "aarch64-linux-gnu-gcc"
+SYSTEM_DIRS = ("lib/aarch64-linux-gnu", "usr/lib/aarch64-linux-gnu")
+# Functions that give a status's name or text: callers print what they return.
+TEXT_FUNCTIONS = re.compile(r"(GetErrorString|GetErrorName|GetStatusString|GetStatusName|GetLastErrorString)$")
+
+
+def elf_files(folder):
+    for base, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(base, name)
+            if re.search(r"\.so(\.\d+)*$", name) and not os.path.islink(path):
+                with open(path, "rb") as f:
+                    if f.read(4) == b"\x7fELF":
+                        yield path
+
+
+def readelf(*args):
+    return subprocess.run([READELF, "-W", *args], check=True, capture_output=True, text=True).stdout
+
+
+def needed(path):
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", readelf("-d", path))
+
+
+def dynamic_symbols(path):
+    """(defined names, [(name, version or None, type)] of global undefined ones)."""
+    defined, undefined = set(), []
+    for line in readelf("--dyn-syms", path).splitlines():
+        f = line.split()
+        if len(f) < 8 or not f[0].endswith(":"):
+            continue
+        kind, bind, ndx, name = f[3], f[4], f[6], f[7]
+        plain, _, version = name.partition("@")
+        version = version.lstrip("@") or None
+        if ndx != "UND":
+            defined.add(plain)
+        elif bind == "GLOBAL" and plain:
+            undefined.append((plain, version, kind))
+    return defined, undefined
+
+
+def versions_needed(path):
+    """{library: [version names]} from the version-needs section."""
+    out, current = {}, None
+    for line in readelf("-V", path).splitlines():
+        m = re.search(r"File: (\S+)", line)
+        if m:
+            current = out.setdefault(m.group(1), [])
+            continue
+        m = re.search(r"Name: (\S+)", line)
+        if m and current is not None:
+            current.append(m.group(1))
+    return out
+
+
+def main(torch_dir, root, out_dir):
+    files = list(elf_files(torch_dir))
+    have = {os.path.basename(p) for p in files}
+    system = {}
+    for d in SYSTEM_DIRS:
+        folder = os.path.join(root, d)
+        for name in os.listdir(folder) if os.path.isdir(folder) else []:
+            system.setdefault(name, os.path.join(folder, name))
+    missing = sorted({lib for p in files for lib in needed(p)} - have - set(system))
+    if not missing:
+        print("no library missing: nothing to stand in for")
+        return
+    # What the loader finds defined: torch's own libraries, the system
+    # libraries they name, and the Python executable (the C API).
+    defined = set()
+    sources = files + sorted({system[lib] for p in files for lib in needed(p) if lib in system})
+    sources += [os.path.join(root, "usr/bin", n) for n in os.listdir(os.path.join(root, "usr/bin"))
+                if re.fullmatch(r"python3\.\d+", n)]
+    undefined = {}
+    for p in sources:
+        d, u = dynamic_symbols(os.path.realpath(p))
+        defined |= d
+        if p in files:
+            for name, version, kind in u:
+                if undefined.get(name, (None,))[0] is None:
+                    undefined[name] = (version, kind)
+    nodes = {}
+    for p in files:
+        for lib, names in versions_needed(p).items():
+            if lib in missing:
+                for v in names:
+                    nodes.setdefault(v, [])
+    # CFBN_STAND_IN_TRACE=1: each call writes the function's name to stderr.
+    trace = 'write(2, "stand-in called: %s\\n", sizeof "stand-in called: %s\\n" - 1); '
+    trace = trace.replace("%s", "%(n)s") if os.environ.get("CFBN_STAND_IN_TRACE") == "1" else ""
+    lines = ["/* generated by tools/cuda_stand_ins.py: no GPU here */",
+             "long write(int, const void *, unsigned long);"]
+    for i, (name, (version, kind)) in enumerate(sorted(undefined.items())):
+        if name in defined:
+            continue
+        if version is not None:
+            if version not in nodes:
+                continue  # a version of a library that is there (glibc, libstdc++)
+            nodes[version].append(name)
+        if kind == "OBJECT":
+            lines.append('__attribute__((visibility("default"))) char s%d[256] __asm__("%s");' % (i, name))
+        elif TEXT_FUNCTIONS.search(name):
+            lines.append('__attribute__((visibility("default"))) const char *s%d(void) __asm__("%s");\n'
+                         'const char *s%d(void) { return "no GPU (CUDA stand-in library)"; }' % (i, name, i))
+        else:
+            lines.append('__attribute__((visibility("default"))) long s%d(void) __asm__("%s");\n'
+                         'long s%d(void) { %sreturn 100; }' % (i, name, i, trace % {"n": name}))
+    os.makedirs(out_dir, exist_ok=True)
+    src, obj, script = (os.path.join(out_dir, "stand_in" + ext) for ext in (".c", ".o", ".map"))
+    with open(src, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(script, "w") as f:
+        for v, names in sorted(nodes.items()):
+            f.write('%s {\n' % v + "".join("  %s;\n" % n for n in names) + "};\n")
+    subprocess.run([CC, "-O1", "-fPIC", "-c", src, "-o", obj], check=True)
+    # no libc either, unless tracing writes with it
+    libc = [] if trace else ["-nostdlib"]
+    for lib in missing:
+        subprocess.run([CC, "-shared", *libc, "-Wl,-soname," + lib, "-Wl,--version-script=" + script, obj,
+                        "-o", os.path.join(out_dir, lib)], check=True)
+    for p in (src, obj, script):
+        os.remove(p)
+    count = sum(1 for line in lines if "__asm__" in line)
+    print("%d stand-in libraries (%d symbols, %d symbol versions) in %s: %s"
+          % (len(missing), count, len(nodes), out_dir, " ".join(missing)))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        raise SystemExit(__doc__)
+    main(*sys.argv[1:])
