@@ -1,5 +1,6 @@
 """tools/check_docs.py, the runner of the documentation's code blocks: what it
-runs, skips and reports.  (CI runs the runner over the real pages.)"""
+runs, skips and reports; and that the documentation refers to nothing outside
+the repository.  (CI runs the runner over the real pages.)"""
 import importlib.util
 import re
 import subprocess
@@ -95,3 +96,18 @@ def test_every_page_has_its_python_blocks_found():
     for name in ("README.md", "numpy.md", "torch.md", "distributed.md"):
         assert counts[name] >= 2, counts
 
+
+def test_no_reference_points_outside_the_repository():
+    # the specification and the contributors' habits are pages of docs/
+    pattern = re.compile(r"\b(SPEC|STYLE)\.md\b")
+    hits = []
+    for folder in ("cfbn", "tests", "docs", "benchmarks", "tools"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".py", ".md", ".rst", ".c", ".h", ".pyx", ".sh") and \
+                    path.resolve() != Path(__file__).resolve():
+                for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                    if pattern.search(line):
+                        hits.append("%s:%d" % (path.relative_to(ROOT), n))
+    readme = (ROOT / "README.md").read_text()
+    assert not pattern.search(readme)
+    assert hits == []
