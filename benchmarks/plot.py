@@ -31,7 +31,8 @@ from pathlib import Path
 
 from cfbn import _plot
 
-OPS = {"fwd_train": "training forward", "fwd_infer": "inference forward", "grad": "gradient"}
+# compare.py's op names (benchmarks/_bench_common.py's OPS), shortened for a tick label
+OPS = {"train": "training forward", "infer": "inference forward", "grad": "training gradient"}
 
 
 def relative_command(cmd):
@@ -97,8 +98,8 @@ def fig_layers(doc, plt):
             series["torch.compile"] = [c["compiled_s"] / c["torch_s"] for c in sel]
         series["cfbn.torch"] = [c["ratio"] for c in sel]
         _plot.bars(ax, labels, series, ylabel="time / PyTorch eager's (lower is faster)",
-                   value_format="%.2f", unlabelled=("PyTorch eager",))
-        _plot.title(ax, "%s, %s, forward + backward; N x C x H x W" % (form, fmt))
+                   value_format="%.2f", unlabelled=("PyTorch eager",),
+                   title="%s, %s, forward + backward; N x C x H x W" % (form, fmt))
     return fig
 
 
@@ -116,9 +117,9 @@ def fig_ratios(doc, plt):
             by = {tuple(c["shape"]): c["ratio"] for c in sel if c["op"] == op}
             series[name] = [by.get(s) for s in shapes]
         _plot.bars(ax, [shape_label(s) for s in shapes], series,
-                   ylabel="cfbn time / PyTorch time (lower is faster)", reference=1.0,
-                   reference_label="as fast as PyTorch")
-        _plot.title(ax, "%s, float32, %d threads; N x H x W x C" % (layout, threads))
+                   ylabel="cfbn time / PyTorch time (lower is faster)", log=True, reference=1.0,
+                   reference_label="as fast as PyTorch",
+                   title="%s, float32, %d threads; N x H x W x C" % (layout, threads))
     return fig
 
 
@@ -135,9 +136,8 @@ def fig_bandwidth(doc, plt):
         series["PyTorch"] = [r["torch_gbps"] for r in rows]
     fig, ax = plt.subplots(figsize=(9, 5.2))
     _plot.bars(ax, labels, series, ylabel="effective bandwidth, GB/s (minimal bytes / time)",
-               value_format="%.1f")
-    _plot.title(ax, "Large tensor %s float32, 2 threads: bandwidth beside the copy's"
-                 % shape_label(large["shape"]))
+               value_format="%.1f", title="Large tensor %s float32, 2 threads: bandwidth beside "
+               "the copy's" % shape_label(large["shape"]))
     return fig
 
 
@@ -155,11 +155,10 @@ def fig_steps(doc, plt):
         pretty = {"torch": "PyTorch", "drop-in": "cfbn.torch convert(model)",
                   "fused": "convert(model, fuse=True)"}
         series = {pretty.get(n, n): [g["median_s"][n] * 1e3 for g in groups] for n in names}
-    _plot.bars(ax, labels, series, ylabel="median training step, ms (lower is faster)",
-               value_format="%.0f")
     s = doc.get("settings", {})
-    _plot.title(ax, "Whole training steps (SGD), batch %s, %sx%s px" % (
-        s.get("batch", "?"), s.get("size", "?"), s.get("size", "?")))
+    _plot.bars(ax, labels, series, ylabel="median training step, ms (lower is faster)",
+               value_format="%.0f", title="Whole training steps (SGD), batch %s, %sx%s px" % (
+                   s.get("batch", "?"), s.get("size", "?"), s.get("size", "?")))
     return fig
 
 

@@ -210,13 +210,12 @@ def draw(path, plt, rows, info, torch_version, copy_gbps, others):
         speedups["over PyTorch %s" % torch_version] = [
             tt / t if tt is not None else None for _, _, t, _, _, tt in rows]
     _plot.bars(left, labels, speedups, ylabel="speed-up of cfbn (other's time / cfbn's)",
-               log=True, reference=1.0, reference_label="as fast")
-    _plot.title(left, "cfbn against the others, per call")
+               title="cfbn against the others, per call", log=True, reference=1.0,
+               reference_label="as fast")
     _plot.bars(right, labels, {"cfbn": [gbs for _, _, _, gbs, _, _ in rows]},
                ylabel="effective bandwidth, GB/s", reference=copy_gbps,
                reference_label="np.copyto, 1 thread (%.1f GB/s)" % copy_gbps,
-               value_format="%.1f")
-    _plot.title(right, "cfbn's bandwidth (minimal bytes moved / time)")
+               value_format="%.1f", title="cfbn's bandwidth (minimal bytes moved / time)")
     text = ("python -m cfbn --plot, %s, on this %s machine (%s kernels, %d threads), cfbn %s, "
             "NumPy %s, Python %s. float32 NHWC, median of repeated calls." % (
                 datetime.date.today().isoformat(), platform.machine(), info["selected_isa"],

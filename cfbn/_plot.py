@@ -28,8 +28,8 @@ def pyplot():
     return plt
 
 
-def bars(ax, labels, series, *, ylabel, log=False, reference=None, reference_label=None,
-         value_format=None, unlabelled=()):
+def bars(ax, labels, series, *, ylabel, title=None, log=False, reference=None,
+         reference_label=None, value_format=None, unlabelled=()):
     """Grouped vertical bars: one group per label, one bar per series
     (name -> list of values, None where a value is missing).  `reference`
     draws a dashed horizontal line (a ratio of 1, or a copy's bandwidth);
@@ -55,8 +55,12 @@ def bars(ax, labels, series, *, ylabel, log=False, reference=None, reference_lab
     if log:
         ax.set_yscale("log")
     # the legend above the axes, under the title, where no bar reaches
-    ax.legend(fontsize=7, frameon=False, loc="lower left", bbox_to_anchor=(0.0, 1.0),
-              ncol=min(len(names) + (reference is not None), 3))
+    entries = len(names) + (reference is not None)
+    ncol = min(entries, 3)
+    ax.legend(fontsize=7, frameon=False, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=ncol)
+    if title:
+        rows = -(-entries // ncol)
+        ax.set_title(title, fontsize=9, pad=8 + 12 * rows)
 
 
 def caption(fig, text, width=150):
@@ -67,14 +71,9 @@ def caption(fig, text, width=150):
     lines = wrapped.count("\n") + 1
     inches = fig.get_size_inches()[1]
     # room for the rotated tick labels (about 1.4 inch) and the caption's lines,
-    # and above the axes for a title over a legend
+    # and above the axes for a title over two rows of legend
     fig.subplots_adjust(bottom=min(0.6, (1.5 + 0.13 * lines) / inches),
-                        top=1 - 0.75 / inches)
-
-
-def title(ax, text):
-    """A panel's title, above the legend that `bars` puts over the axes."""
-    ax.set_title(text, fontsize=9, pad=22)
+                        top=1 - 0.9 / inches)
 
 
 def save(fig, path):
