@@ -92,6 +92,10 @@ class Case:
                 elif form == "BN+add+ReLU":
                     y = torch.relu(y + side)
                 return y
+            # Every cell compiles the same function's code afresh: without a
+            # reset, dynamo's per-code cache fills after a few cells and the
+            # rest would silently run eager.
+            torch._dynamo.reset()
             self._compiled = torch.compile(fwd, dynamic=False)
         self._clear(self.ref)
         y = self._compiled(self.x, self.side)
