@@ -35,13 +35,16 @@ from cfbn import _plot
 OPS = {"train": "training forward", "infer": "inference forward", "grad": "training gradient"}
 
 
-def relative_command(cmd):
-    """A recorded command line with the interpreter as `python` and the
-    script relative to the repository (the caption names no local paths)."""
+def relative_command(cmd, json_name=None):
+    """A recorded command line with the interpreter as `python`, the script
+    relative to the repository and the --json file under the name it is
+    drawn from (the caption names no local paths)."""
     words = shlex.split(cmd or "")
     out = []
     for i, w in enumerate(words):
-        if i == 0 and re.search(r"python[\d.]*$", w):
+        if json_name and i > 0 and words[i - 1] == "--json":
+            out.append(json_name)
+        elif i == 0 and re.search(r"python[\d.]*$", w):
             out.append("python")
             continue
         m = re.search(r"(benchmarks/[\w.]+\.py)$", w)
@@ -56,7 +59,7 @@ def relative_command(cmd):
     return shlex.join(out)
 
 
-def caption_text(doc, argv, note):
+def caption_text(doc, argv, note, json_name=None):
     m = doc["machine"]
     cpu = m.get("cpu", "unknown CPU")
     threads = m.get("threads") or m.get("max_threads")
@@ -65,7 +68,7 @@ def caption_text(doc, argv, note):
     versions = ", ".join("%s %s" % (k, m[k]) for k in ("torch", "numpy", "python") if m.get(k))
     if versions:
         parts[0] += " (%s)" % versions
-    parts[0] += "; by `%s`." % relative_command(m.get("command"))
+    parts[0] += "; by `%s`." % relative_command(m.get("command"), json_name)
     if note:
         parts.append(note)
     shown, skip = [], False
@@ -180,7 +183,7 @@ def main(argv=None):
         raise SystemExit(str(exc))
     doc = json.loads(args.json.read_text())
     fig = KINDS[args.kind](doc, plt)
-    _plot.caption(fig, caption_text(doc, argv, args.note))
+    _plot.caption(fig, caption_text(doc, argv, args.note, args.json.name))
     _plot.save(fig, args.out)
     print("written %s" % args.out)
     return 0
