@@ -42,13 +42,12 @@ def relative_command(cmd, json_name=None):
     words = shlex.split(cmd or "")
     out = []
     for i, w in enumerate(words):
+        m = re.search(r"(benchmarks/[\w.]+\.py)$", w)
         if json_name and i > 0 and words[i - 1] == "--json":
             out.append(json_name)
         elif i == 0 and re.search(r"python[\d.]*$", w):
             out.append("python")
-            continue
-        m = re.search(r"(benchmarks/[\w.]+\.py)$", w)
-        if m:
+        elif m:
             out.append(m.group(1))
         elif w.startswith("/") and ("json" in w or "/tmp" in w):
             out.append(Path(w).name)
@@ -101,7 +100,7 @@ def fig_layers(doc, plt):
             series["torch.compile"] = [c["compiled_s"] / c["torch_s"] for c in sel]
         series["cfbn.torch"] = [c["ratio"] for c in sel]
         _plot.bars(ax, labels, series, ylabel="time / PyTorch eager's (lower is faster)",
-                   value_format="%.2f", unlabelled=("PyTorch eager",),
+                   log=True, value_format="%.2f", unlabelled=("PyTorch eager",),
                    title="%s, %s, forward + backward; N x C x H x W" % (form, fmt))
     return fig
 
