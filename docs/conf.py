@@ -26,7 +26,6 @@ extensions = [
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build", "figures/*.json"]
-myst_enable_extensions = ["dollarmath"]
 myst_heading_anchors = 3
 
 # cfbn.torch subclasses torch.nn modules; the docs build needs no PyTorch.
