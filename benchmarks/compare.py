@@ -4,6 +4,7 @@
     python benchmarks/compare.py                 # full run
     python benchmarks/compare.py --quick         # fewer repeats
     python benchmarks/compare.py --markdown-out results.md
+    python benchmarks/compare.py --json results.json   # every figure, for benchmarks/plot.py
     python benchmarks/compare.py --only-grad-grad --quick
 
 Prints a markdown report:
@@ -735,6 +736,9 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer repeats (about a third of the time)")
     p.add_argument("--markdown-out", metavar="FILE", help="also write the report to FILE")
+    p.add_argument("--json", metavar="FILE",
+                   help="also write every measured figure and the machine to FILE "
+                        "(what benchmarks/plot.py draws)")
     p.add_argument("--repeats", type=int, help="repeats per target cell (default 9, quick 3)")
     p.add_argument("--min-batch-ms", type=float, default=20.0,
                    help="least duration of one timed batch of calls (default 20)")
@@ -798,7 +802,38 @@ def main(argv=None):
     if args.markdown_out:
         Path(args.markdown_out).write_text(text + "\n")
         bc.log("written to %s" % args.markdown_out)
+    if args.json:
+        write_json(args.json, info, torch, rows, large, overhead, bf16, grad_grad, load)
+        bc.log("written to %s" % args.json)
     return 0
+
+
+def write_json(path, info, torch, rows, large, overhead, bf16, grad_grad, load):
+    """Every section's rows as measured (seconds, GB/s, ratios) and the machine."""
+    import datetime
+    import json
+    import shlex
+
+    def plain(v):
+        if isinstance(v, dict):
+            return {str(k): plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, np.generic):
+            return v.item()
+        return v
+
+    doc = {"benchmark": "compare",
+           "machine": dict(info, date=datetime.date.today().isoformat(), load=list(load),
+                           command=shlex.join(["python"] + sys.argv)),
+           "cells": rows, "overhead": overhead, "bf16": bf16, "grad_grad": grad_grad,
+           "large": None}
+    if large is not None:
+        copy, fresh, copy_name, copy_bw, large_rows = large
+        doc["large"] = {"shape": bc.LARGE_SHAPE, "copy_gbps": copy, "fresh_copy_gbps": fresh,
+                        "best_copy": copy_name, "rows": large_rows}
+    with open(path, "w") as f:
+        json.dump(plain(doc), f, indent=1)
 
 
 if __name__ == "__main__":

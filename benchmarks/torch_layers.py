@@ -15,11 +15,19 @@ no accumulation is timed.  Before timing, each pair's outputs and gradients
 are compared (float32 rounding, relative to each tensor's largest element).
 The two run alternately, batch by batch; the table shows median times and
 the ratio cfbn / torch (below 1: cfbn faster), and says when other processes
-loaded the CPUs meanwhile.
+loaded the CPUs meanwhile.  ``--compile`` adds a third contender, torch's
+own layer under ``torch.compile`` (Inductor, compiled once per cell before
+timing, untimed), alternating with the other two.  ``--json FILE`` writes
+every cell and the machine for ``benchmarks/plot.py``.
 
     python benchmarks/torch_layers.py [--threads 2] [--repeats 5] [--shapes 32x64x56x56,...]
+        [--forms BN,BN+add+ReLU] [--formats contiguous,channels_last] [--compile] [--json FILE]
 """
 import argparse
+import datetime
+import json
+import platform
+import shlex
 import statistics
 import sys
 
@@ -69,6 +77,28 @@ class Case:
             y = torch.relu(y)
         elif self.form == "BN+add+ReLU":
             y = torch.relu(y + self.side)
+        y.backward(self.dy)
+        return y
+
+    def compiled_step(self):
+        """The torch step's forward under torch.compile (built on first use)."""
+        if not hasattr(self, "_compiled"):
+            ref, form = self.ref, self.form
+
+            def fwd(x, side):
+                y = ref(x)
+                if form == "BN+ReLU":
+                    y = torch.relu(y)
+                elif form == "BN+add+ReLU":
+                    y = torch.relu(y + side)
+                return y
+            # Every cell compiles the same function's code afresh: without a
+            # reset, dynamo's per-code cache fills after a few cells and the
+            # rest would silently run eager.
+            torch._dynamo.reset()
+            self._compiled = torch.compile(fwd, dynamic=False)
+        self._clear(self.ref)
+        y = self._compiled(self.x, self.side)
         y.backward(self.dy)
         return y
 
@@ -123,38 +153,85 @@ class Case:
         return worst
 
 
+FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+
+
+def _names(text, allowed, what):
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in names if v not in allowed]
+    if bad:
+        raise SystemExit("unknown %s %s; expected some of %s" % (what, ", ".join(bad), ", ".join(allowed)))
+    return names
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5, help="alternating batches per cell")
     ap.add_argument("--min-batch-ms", type=float, default=30.0)
     ap.add_argument("--shapes", default="", help="NxCxHxW,... (default: compare.py's and ResNet-18's at 112 px)")
+    ap.add_argument("--forms", default=",".join(FORMS), help="some of %s" % ", ".join(FORMS))
+    ap.add_argument("--formats", default=",".join(FORMATS), help="some of %s" % ", ".join(FORMATS))
+    ap.add_argument("--compile", action="store_true",
+                    help="also time torch's layer under torch.compile (compiled once per cell)")
+    ap.add_argument("--json", metavar="FILE", help="write every cell and the machine here")
     args = ap.parse_args(argv)
+    forms = _names(args.forms, FORMS, "form")
+    formats = _names(args.formats, FORMATS, "memory format")
     torch.set_num_threads(args.threads)
     shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
               if args.shapes else default_shapes())
     print("One batch-norm layer, forward + backward, float32, %d threads; torch %s; %s"
           % (args.threads, torch.__version__, cpu_model()))
-    print("\n| shape (N,C,H,W) | memory format | form | torch us | cfbn us | cfbn / torch | check |")
-    print("|---|---|---|---:|---:|---:|---:|")
+    head = "| shape (N,C,H,W) | memory format | form | torch us | cfbn us | cfbn / torch |"
+    rule = "|---|---|---|---:|---:|---:|"
+    if args.compile:
+        head += " compiled us | cfbn / compiled |"
+        rule += "---:|---:|"
+    print("\n" + head + " check |")
+    print(rule + "---:|")
     meter = CpuMeter()
     worst = 0.0
+    cells = []
     for shape in shapes:
-        for fname, fmt in (("contiguous", torch.contiguous_format), ("channels_last", torch.channels_last)):
-            for form in FORMS:
-                case = Case(shape, fmt, form)
+        for fname in formats:
+            for form in forms:
+                case = Case(shape, FORMATS[fname], form)
                 err = case.check()
                 worst = max(worst, err)
-                ts, cs = interleaved([case.torch_step, case.cfbn_step], args.repeats,
-                                     args.min_batch_ms / 1e3)
-                ratios = [c / t for t, c in zip(ts, cs)]
-                print("| %s | %s | %s | %.0f | %.0f | %.2f | %.1e |" % (
-                    ",".join(map(str, shape)), fname, form, statistics.median(ts) * 1e6,
-                    statistics.median(cs) * 1e6, statistics.median(ratios), err))
+                fns = [case.torch_step, case.cfbn_step]
+                if args.compile:
+                    case.compiled_step()          # compile outside the timing
+                    fns.append(case.compiled_step)
+                samples = interleaved(fns, args.repeats, args.min_batch_ms / 1e3)
+                ts, cs = samples[0], samples[1]
+                cell = {"shape": list(shape), "format": fname, "form": form,
+                        "torch_s": statistics.median(ts), "cfbn_s": statistics.median(cs),
+                        "ratio": statistics.median([c / t for t, c in zip(ts, cs)]), "check": err}
+                line = "| %s | %s | %s | %.0f | %.0f | %.2f |" % (
+                    ",".join(map(str, shape)), fname, form, cell["torch_s"] * 1e6,
+                    cell["cfbn_s"] * 1e6, cell["ratio"])
+                if args.compile:
+                    ks = samples[2]
+                    cell["compiled_s"] = statistics.median(ks)
+                    cell["ratio_compiled"] = statistics.median([c / k for k, c in zip(ks, cs)])
+                    line += " %.0f | %.2f |" % (cell["compiled_s"] * 1e6, cell["ratio_compiled"])
+                cells.append(cell)
+                print(line + " %.1e |" % err)
                 sys.stdout.flush()
     others = meter.others()
     if others is not None and others > BUSY:
         print("\nwarning: other processes used %.1f CPUs meanwhile; the ratios are not reliable" % others)
+    if args.json:
+        machine = {"cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__,
+                   "python": platform.python_version(),
+                   "date": datetime.date.today().isoformat(), "others_cpus": others,
+                   "command": shlex.join(["python"] + sys.argv)}
+        with open(args.json, "w") as f:
+            json.dump({"benchmark": "torch_layers", "machine": machine,
+                       "settings": {"repeats": args.repeats, "min_batch_ms": args.min_batch_ms,
+                                    "compile": args.compile},
+                       "cells": cells}, f, indent=1)
     if worst > 1e-3:
         print("\nCHECK FAILED: a cfbn output or gradient differs from torch's by %.1e of its "
               "largest element" % worst)

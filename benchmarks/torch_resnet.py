@@ -21,6 +21,9 @@ prints the median step time of each and its ratio to the original's.
 
     python benchmarks/torch_resnet.py [--batch 32] [--size 112] [--steps 8]
                                       [--threads 2] [--formats nchw,channels_last]
+                                      [--json FILE]
+
+``--json FILE`` writes the step times and the machine for ``benchmarks/plot.py``.
 
 ``--profile`` instead profiles the original alone and prints the share of
 its forward + backward that batch norm, its ReLUs and the residual adds
@@ -30,6 +33,10 @@ interleaved rounds).
 """
 import argparse
 import copy
+import datetime
+import json
+import platform
+import shlex
 import statistics
 import sys
 import time
@@ -203,6 +210,7 @@ def main(argv=None):
                     help="steps after the first whose losses are compared")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--formats", default="nchw,channels_last")
+    ap.add_argument("--json", metavar="FILE", help="write the step times and the machine here")
     ap.add_argument("--profile", action="store_true",
                     help="only profile the original: batch norm's (with its ReLUs and adds) "
                          "share of a step, and so the least step time a faster batch norm "
@@ -228,6 +236,7 @@ def main(argv=None):
           "| fused / torch |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
     failed = False
+    results = []
     for fmt in args.formats.split(","):
         torch.manual_seed(0)
         model = ResNet18()
@@ -247,6 +256,16 @@ def main(argv=None):
             note, drift[1], drift[0], times["torch"] * 1e3, times["drop-in"] * 1e3, times["fused"] * 1e3,
             times["drop-in"] / times["torch"], times["fused"] / times["torch"]))
         sys.stdout.flush()
+        results.append({"model": "ResNet-18", "memory_format": fmt, "other_cores_busy": others,
+                        "median_s": times})
+    if args.json:
+        machine = {"cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__,
+                   "python": platform.python_version(), "date": datetime.date.today().isoformat(),
+                   "command": shlex.join(["python"] + sys.argv)}
+        with open(args.json, "w") as f:
+            json.dump({"benchmark": "torch_resnet", "machine": machine,
+                       "settings": {"batch": args.batch, "size": args.size, "steps": args.steps},
+                       "results": results}, f, indent=1)
     if failed:
         print("\nCHECK FAILED: a converted model's first step or losses differ beyond "
               "1e-5 (loss), max(1e-3, 4 x the rounding drift) (gradients, relative to each "

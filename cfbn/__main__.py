@@ -8,6 +8,9 @@ beside PyTorch's CPU batch norm on the same memory (a channels_last tensor),
 as time per call and effective bandwidth (minimal bytes moved: 2x the size
 of x for a forward pass, 3x for a gradient, 5x for the second-order
 gradient).  Other processes' CPU use while timing is measured and reported.
+``--plot FILE`` also draws that table (and the bandwidth beside this
+machine's copy bandwidth) into FILE with matplotlib, the optional ``plot``
+extra, which is imported only then.
 """
 import argparse
 import importlib.util
@@ -173,7 +176,57 @@ def _parse(argv):
                          "emulated machines)")
     ap.add_argument("--no-torch", action="store_true",
                     help="leave PyTorch out of the speed table even where it is installed")
-    return ap.parse_args(argv)
+    ap.add_argument("--plot", metavar="FILE",
+                    help="also draw the speed table into FILE (.svg, .png or .pdf); needs "
+                         "matplotlib: pip install \"cfbn[plot]\"")
+    args = ap.parse_args(argv)
+    if args.plot and args.check:
+        ap.error("--plot draws the speed table, which --check leaves out")
+    return args
+
+
+def copy_bandwidth(nbytes):
+    """GB/s of np.copyto between two float32 arrays of `nbytes` (2 x bytes
+    moved per copy): the memory speed one thread of this machine reaches."""
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+    return 2 * nbytes / _time(lambda: np.copyto(dst, src)) / 1e9
+
+
+def draw(path, plt, rows, info, torch_version, copy_gbps, others):
+    """The speed table as a figure: speed-ups over the other libraries and
+    cfbn's bandwidth beside the copy's."""
+    import datetime
+    import platform
+
+    from cfbn import _plot
+    short = {"forward train": "fwd train", "forward infer": "fwd infer", "gradient": "grad",
+             "grad of grad": "grad grad"}
+    labels = ["%s %s" % ("x".join(map(str, shape)), short.get(name, name))
+              for shape, name, *_ in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    speedups = {"over the NumPy reference": [tr / t for _, _, t, _, tr, _ in rows]}
+    if torch_version is not None:
+        speedups["over PyTorch %s" % torch_version] = [
+            tt / t if tt is not None else None for _, _, t, _, _, tt in rows]
+    _plot.bars(left, labels, speedups, ylabel="speed-up of cfbn (other's time / cfbn's)",
+               title="cfbn against the others, per call", log=True, reference=1.0,
+               reference_label="as fast")
+    _plot.bars(right, labels, {"cfbn": [gbs for _, _, _, gbs, _, _ in rows]},
+               ylabel="effective bandwidth, GB/s", reference=copy_gbps,
+               reference_label="np.copyto, 1 thread (%.1f GB/s)" % copy_gbps,
+               value_format="%.1f", title="cfbn's bandwidth (minimal bytes moved / time)")
+    text = ("python -m cfbn --plot, %s, on this %s machine (%s kernels, %d threads), cfbn %s, "
+            "NumPy %s, Python %s. float32 NHWC, median of repeated calls." % (
+                datetime.date.today().isoformat(), platform.machine(), info["selected_isa"],
+                info["max_threads"], info["version"], np.__version__,
+                platform.python_version()))
+    if others is not None and others > _cpuload.BUSY:
+        text += (" Other processes used %.1f CPUs while these were timed: the figures are not "
+                 "reliable." % others)
+    _plot.caption(fig, text)
+    _plot.save(fig, path)
+    plt.close(fig)
 
 
 def _fmt_ratio(t, other):
@@ -184,6 +237,14 @@ def _fmt_ratio(t, other):
 
 def main(argv=None):
     args = _parse(argv)
+    plt = None
+    if args.plot:
+        from cfbn import _plot
+        try:
+            plt = _plot.pyplot()
+        except ImportError as exc:
+            print("python -m cfbn: --plot: %s" % exc, file=sys.stderr)
+            return 2
     info = cfbn.runtime_info()
     print("cfbn %s" % info["version"])
     for key in ("compiled_isas", "supported_isas", "selected_isa", "openmp", "max_threads",
@@ -235,6 +296,11 @@ def main(argv=None):
     if others is not None and others > _cpuload.BUSY:
         print("\nwarning: other processes used %.1f of this machine's CPUs while these were "
               "timed; the times and speed-ups are not reliable" % others)
+    if plt is not None:
+        nbytes = max(int(np.prod(shape)) for shape in BENCH_SHAPES) * 4
+        draw(args.plot, plt, rows, info, torch.__version__ if torch is not None else None,
+             copy_bandwidth(nbytes), others)
+        print("\nfigure written to %s" % args.plot)
     return 0
 
 

@@ -1,8 +1,9 @@
 """NumPy float64 implementation of the cfbn specification.
 
-This module is the executable form of SPEC.md: every compiled kernel is
-judged against it. It favours clarity over speed, evaluates everything in
-float64 with two-pass statistics, and imports nothing but NumPy.
+This module is the executable form of the specification, docs/spec.md:
+every compiled kernel is judged against it. It favours clarity over speed,
+evaluates everything in float64 with two-pass statistics, and imports
+nothing but NumPy.
 """
 
 from collections import namedtuple
@@ -415,8 +416,8 @@ def fused_batch_norm_grad_grad(
     With ``(dx, dscale, doffset) = fused_batch_norm_grad(y_backprop, x, ...)``
     this returns the derivatives of ``L = sum(ggx * dx) + sum(ggscale *
     dscale) + sum(ggoffset * doffset)`` with respect to ``y_backprop``, ``x``
-    and ``scale``, by SPEC.md's closed forms: five per-channel means in
-    training, where the reserve spaces are the batch statistics of ``x`` and
+    and ``scale``, by the closed forms of docs/spec.md: five per-channel
+    means in training, where the reserve spaces are the batch statistics of ``x`` and
     are differentiated through, and constants in inference.
 
     Parameters

@@ -3,7 +3,7 @@
 The SIMD kernels sum blocks of values, squares and products dy * (x - mean)
 in float before adding the block sums in double; float overflows (and loses
 bits to gradual underflow) where the scalar table, which forms every term in
-double, does not.  SPEC.md: for every finite input whose exact results are
+double, does not.  docs/spec.md: for every finite input whose exact results are
 finite in the output dtype, every kernel variant gives finite results within
 the stated accuracy.  The named tests are the reported cases; the property
 test draws per-channel locations, spreads, spikes and gradient scales across

@@ -1,6 +1,6 @@
 """The float64 second-order gradient reference against what it claims to be.
 
-``reference.fused_batch_norm_grad_grad`` evaluates SPEC.md's closed forms.
+``reference.fused_batch_norm_grad_grad`` evaluates docs/spec.md's closed forms.
 They claim to be the derivatives of
 ``L = sum(ggx * dx) + sum(ggscale * dscale) + sum(ggoffset * doffset)``,
 where ``(dx, dscale, doffset)`` is the first-order gradient, with respect to

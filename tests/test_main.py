@@ -26,7 +26,7 @@ def test_help_names_the_options():
     r = _run("--help")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("usage: python -m cfbn")
-    for opt in ("--check", "--no-torch"):
+    for opt in ("--check", "--no-torch", "--plot"):
         assert opt in r.stdout
 
 
@@ -111,3 +111,35 @@ def test_speed_table_sets_pytorch_beside_cfbn(monkeypatch, capsys):
     rows = {r.split("|")[2].strip(): r for r in out.splitlines() if r.startswith("| 2,3,4,5 |")}
     assert rows["gradient"].count(" us ") == 3
     assert rows["grad of grad"].rstrip().endswith("| - | - |")
+
+
+def test_plot_draws_the_speed_table(monkeypatch, capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "speed.svg"
+    out = _table(monkeypatch, capsys, 0.0, "--no-torch", "--plot", str(path))
+    assert "figure written to %s" % path in out
+    svg = path.read_text()
+    assert svg.lstrip().startswith(("<?xml", "<svg"))
+    # the caption names the command, the kernels and the copy bandwidth's line
+    for text in ("python -m cfbn --plot", cfbn.runtime_info()["selected_isa"], "np.copyto",
+                 "over the NumPy reference", "2x3x4x5 fwd train"):
+        assert text in svg
+
+
+def test_plot_without_matplotlib_names_the_extra(monkeypatch, capsys, tmp_path):
+    from cfbn import _plot
+
+    def missing():
+        raise ImportError(_plot.EXTRA_HINT)
+
+    monkeypatch.setattr(_plot, "pyplot", missing)
+    assert main_mod.main(["--no-torch", "--plot", str(tmp_path / "f.svg")]) == 2
+    err = capsys.readouterr().err
+    assert 'pip install "cfbn[plot]"' in err
+    assert not (tmp_path / "f.svg").exists()
+
+
+def test_plot_and_check_do_not_go_together():
+    r = _run("--check", "--plot", "f.svg")
+    assert r.returncode == 2
+    assert "--check leaves out" in r.stderr

@@ -6,7 +6,7 @@ What cfbn does with them (the behaviour these tests pin down):
   one channel makes only that channel's outputs non-finite; every other
   channel's outputs are bit for bit those of the same call without it.
 - Within the affected channel an output is non-finite exactly where the
-  float64 reference (the formulas of SPEC.md) is: in training a NaN in ``x``
+  float64 reference (the formulas of docs/spec.md) is: in training a NaN in ``x``
   reaches the channel's statistics and so all of its ``y``; in inference it
   reaches only the ``y`` at its own position; ``scale`` and ``offset`` never
   reach the statistics; an infinite running variance gives ``y = offset``.

@@ -158,7 +158,7 @@ static void moments(const problem *p, double *mu, double *var, int64_t *n)
 
 static double tol_of(int dt) { return dt == CFBN_F64 ? 1e-10 : dt == CFBN_F32 ? 2e-5 : 4e-3; }
 
-/* The second-order gradient against SPEC.md's formulas in double, with the
+/* The second-order gradient against docs/spec.md's formulas in double, with the
  * statistics mu, var (the saved ones in training) and the problem's offset
  * and mean vectors standing in for the upstream ggscale and ggoffset. */
 static void check_grad_grad(const cfbn_kernels *k, const problem *p, const cfbn_shape *s, int training,
