@@ -71,7 +71,7 @@ def run(case, inp):
 
 
 def against_reference(case, inp, got):
-    """The float64 reference (cfbn.reference: SPEC.md's formulas)."""
+    """The float64 reference (cfbn.reference: the formulas of docs/spec.md)."""
     shape, dtype, memory, training, act, side, affine = case
     tol = {torch.float64: 1e-9, torch.float32: 2e-4, torch.bfloat16: 3e-2}[dtype]
     fmt = LAYOUT[len(shape)]
