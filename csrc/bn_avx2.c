@@ -3850,6 +3850,7 @@ static void ggapply_rows_f64(const void *dy_, const void *x_, const void *ggx_, 
 
 const cfbn_kernels cfbn_kernels_avx2 = {
     .name = "avx2",
+    .lanes = 8,
     .f32 = { CFBN_FLOAT_TABLE(f32), EXTRA_TABLE(f32), CFBN_GG_TABLE(f32), GG_RUNS_TABLE(f32) },
     .f64 = {
         stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,

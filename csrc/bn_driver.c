@@ -153,7 +153,7 @@ static int64_t gcd64(int64_t a, int64_t b)
     return a;
 }
 
-static void make_plan(const cfbn_shape *s, plan *p)
+static void make_plan(const cfbn_kernels *k, const cfbn_shape *s, plan *p)
 {
     memset(p, 0, sizeof *p);
     p->dtype = s->dtype;
@@ -170,10 +170,11 @@ static void make_plan(const cfbn_shape *s, plan *p)
         p->planes = cfbn_route_plane_order(p->S, p->N * p->C);
         return;
     }
-    /* Channels-last: widen the row to a multiple of 8 lanes where that stays
-     * small, so SIMD kernels see whole vectors and no per-row tail. */
-    int64_t C = p->C ? p->C : 1;
-    int64_t W = C / gcd64(C, 8) * 8;
+    /* Channels-last: widen the row to a multiple of the table's lanes where
+     * that stays small, so its vector loops see whole vectors and no per-row
+     * tail. */
+    int64_t C = p->C ? p->C : 1, lanes = k->lanes;
+    int64_t W = C / gcd64(C, lanes) * lanes;
     if (W > MAX_TILED_WIDTH) W = C;
     if (W < 64) W *= (64 + W - 1) / W;
     int64_t total = s->outer * p->C;
@@ -894,7 +895,7 @@ int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
                           void *saved_mean, void *saved_variance, const cfbn_fusion *fusion)
 {
     plan p;
-    make_plan(s, &p);
+    make_plan(k, s, &p);
     int nt = thread_count(s);
     fwd_args a = { scale, offset, mean, variance, epsilon, factor,
                    batch_mean, batch_variance, saved_mean, saved_variance };
@@ -937,7 +938,7 @@ static int apply_with_stats(const cfbn_kernels *k, const cfbn_shape *s, const vo
                             double epsilon, void *y, const cfbn_fusion *fusion)
 {
     plan p;
-    make_plan(s, &p);
+    make_plan(k, s, &p);
     params pp;
     if (params_init(&pp, s->dtype, param_len(&p, s->layout), P_APPLY_COUNT) < 0) return -1;
     pp.stream = stream_output(s, fusion && fusion->side ? 3 : 2, 0);
@@ -980,7 +981,7 @@ int cfbn_forward_inference(const cfbn_kernels *k, const cfbn_shape *s,
 int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x, double *mean, double *m2)
 {
     plan p;
-    make_plan(s, &p);
+    make_plan(k, s, &p);
     params pp;
     if (params_init(&pp, s->dtype, param_len(&p, s->layout), P_APPLY_COUNT) < 0) return -1;
     double *shift = make_shift(&p, s, x, 1);
@@ -1070,7 +1071,7 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
                         const void *dy, const void *x, void *dx, const cfbn_fusion *fusion)
 {
     plan p;
-    make_plan(s, &p);
+    make_plan(k, s, &p);
     int nt = thread_count(s);
     params pp, ip;
     int rc = -1;
@@ -1178,7 +1179,7 @@ int cfbn_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, 
                     const double *sum_dy, const double *sum_dy_xhat, double count, void *dx)
 {
     plan p;
-    make_plan(s, &p);
+    make_plan(k, s, &p);
     params pp;
     if (params_init(&pp, s->dtype, param_len(&p, s->layout), G_COUNT) < 0) return -1;
     pp.stream = stream_output(s, 3, 1);
@@ -1312,7 +1313,7 @@ int cfbn_backward_backward(const cfbn_kernels *k, const cfbn_shape *s, int train
                            void *ddy, void *dx, void *scale_backprop)
 {
     plan p;
-    make_plan(s, &p);
+    make_plan(k, s, &p);
     gg_args a = { training, scale, saved_variance, ggscale, ggoffset, epsilon, scale_backprop };
     if (!ggx) return gg_without_ggx(k, s, &p, &a, dy, x, saved_mean, ddy, dx);
     int nt = thread_count(s);

@@ -1861,6 +1861,7 @@ static void ggapply_rows_f64(const void *dy_, const void *x_, const void *ggx_, 
 
 const cfbn_kernels cfbn_kernels_neon = {
     .name = "neon",
+    .lanes = 4,
     .f32 = { CFBN_FLOAT_TABLE(f32), CFBN_GG_TABLE(f32) },
     .f64 = {
         stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,

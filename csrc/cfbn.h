@@ -301,6 +301,11 @@ typedef struct {
  * (bn_entries.h makes its entries from them). */
 typedef struct cfbn_kernels {
     const char *name;
+    /* Floats its rows loops take at a time (one vector: 8 for AVX2, 4 for
+     * NEON, 1 for the scalar loops).  The driver widens channels-last rows
+     * to a multiple of it, so that those loops see whole vectors and no
+     * per-row tail; a table must set it (kernel_check tests that it does). */
+    int lanes;
     cfbn_float_kernels f32;
     cfbn_double_kernels f64;
     cfbn_float_kernels f16;
