@@ -75,28 +75,25 @@ INLINE __m256 widen_ph(__m128i h, int dt)
     return _mm256_cvtph_ps(h);
 }
 
-/* 8 floats -> 8 halfwords, to nearest even.  bfloat16: add 0x7fff plus the
- * kept lsb and drop the low half (a carry rounds up into the exponent, to
- * inf past the largest finite value); nan is made quiet instead, so that
- * rounding never turns it into inf. */
-INLINE __m128i narrow_ph(__m256 v, int dt)
-{
-    if (dt != CFBN_BF16) return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
-    __m256i b = _mm256_castps_si256(v);
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    r = _mm256_blendv_epi8(r, _mm256_or_si256(b, _mm256_set1_epi32(0x400000)), nan);
-    r = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(r, BF16_NARROW_SHUFFLE), 0x08);
-    return _mm256_castsi256_si128(r);
-}
-
-/* a float's bits plus the bfloat16 rounding increment (no NaN) */
+/* a float's bits plus the bfloat16 rounding increment (no NaN): storage.h's
+ * cfbn_bf16_round_bits on 8 lanes */
 INLINE __m256i round_bf16(__m256 v)
 {
     __m256i b = _mm256_castps_si256(v);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-    return _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    return _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(CFBN_BF16_ROUND_HALF)));
+}
+
+/* 8 floats -> 8 halfwords, to nearest even.  bfloat16: round_bf16 and the
+ * upper halves; nan is made quiet instead (storage.h's rule). */
+INLINE __m128i narrow_ph(__m256 v, int dt)
+{
+    if (dt != CFBN_BF16) return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+    __m256i b = _mm256_castps_si256(v), r = round_bf16(v);
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(b, _mm256_set1_epi32(CFBN_BF16_QUIET)), nan);
+    r = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(r, BF16_NARROW_SHUFFLE), 0x08);
+    return _mm256_castsi256_si128(r);
 }
 
 /* 16 floats (a, then b) -> 16 halfwords, as narrow_ph.  bfloat16: both
@@ -1623,7 +1620,8 @@ INLINE __m256 tanh_ps(__m256 v)
 INLINE __m256 act_ps(__m256 v, int kind, __m256 al)
 {
     const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
-    switch (kind) {
+    switch ((enum cfbn_activation)kind) {
+    case CFBN_ACT_NONE: return v;
     case CFBN_ACT_RELU: return _mm256_max_ps(zero, v);
     case CFBN_ACT_RELU6: return _mm256_min_ps(_mm256_set1_ps(6.0f), _mm256_max_ps(zero, v));
     case CFBN_ACT_LEAKY_RELU:
@@ -1634,8 +1632,8 @@ INLINE __m256 act_ps(__m256 v, int kind, __m256 al)
     case CFBN_ACT_TANH: return tanh_ps(v);
     case CFBN_ACT_SILU:
         return _mm256_div_ps(v, _mm256_add_ps(one, exp_ps(_mm256_sub_ps(zero, v))));
-    default: return v;
     }
+    return _mm256_set1_ps(NAN);   /* a code outside the enum */
 }
 
 /* d act / d v; a NaN v gives NaN (the unordered mask is all ones, a NaN) */
@@ -1644,7 +1642,8 @@ INLINE __m256 act_grad_ps(__m256 v, int kind, __m256 al)
     const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
     __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
     __m256 pos = _mm256_cmp_ps(v, zero, _CMP_GT_OQ);
-    switch (kind) {
+    switch ((enum cfbn_activation)kind) {
+    case CFBN_ACT_NONE: return one;
     case CFBN_ACT_RELU: return _mm256_or_ps(_mm256_and_ps(pos, one), nan);
     case CFBN_ACT_RELU6: {
         __m256 in = _mm256_and_ps(pos, _mm256_cmp_ps(v, _mm256_set1_ps(6.0f), _CMP_LT_OQ));
@@ -1664,8 +1663,8 @@ INLINE __m256 act_grad_ps(__m256 v, int kind, __m256 al)
         __m256 s = sigmoid_ps(v);
         return _mm256_mul_ps(s, _mm256_fmadd_ps(v, _mm256_sub_ps(one, s), one));
     }
-    default: return one;
     }
+    return _mm256_set1_ps(NAN);   /* a code outside the enum */
 }
 
 /* ---- fused activation and side input inside the vector loops ----
@@ -2166,7 +2165,9 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
             lanes_ps(p->ya, w, &q[2], &q[6]);
             lanes_ps(p->yb, w, &q[3], &q[7]);
         }
-        acc8 e, o;
+        /* zero for a code outside enum cfbn_activation, which reaches no
+         * call below (and -Wmaybe-uninitialized sees that path) */
+        acc8 e = acc8_zero(), o = acc8_zero();
 #define FGSTATS_FLAT(k)                                                                 \
     if (side) fgstats_flat_ps(dy, x, side, p->g_out, rows * w, q, k, 1, al, dt, &e, &o); \
     else fgstats_flat_ps(dy, x, NULL, p->g_out, rows * w, q, k, 0, al, dt, &e, &o)

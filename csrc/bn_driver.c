@@ -41,6 +41,21 @@
 #define MAX_PARTIAL_DOUBLES (1 << 19)
 
 
+const char *cfbn_act_name(int act)
+{
+    switch ((enum cfbn_activation)act) {
+    case CFBN_ACT_NONE: return "none";
+    case CFBN_ACT_RELU: return "relu";
+    case CFBN_ACT_RELU6: return "relu6";
+    case CFBN_ACT_LEAKY_RELU: return "leaky_relu";
+    case CFBN_ACT_ELU: return "elu";
+    case CFBN_ACT_SIGMOID: return "sigmoid";
+    case CFBN_ACT_TANH: return "tanh";
+    case CFBN_ACT_SILU: return "silu";
+    }
+    return NULL;
+}
+
 static double elem_get(const void *p, int dtype, int64_t i)
 {
     return dtype == CFBN_F64 ? ((const double *)p)[i] : (double)cfbn_load_float(dtype, p, i);
@@ -772,18 +787,27 @@ static double channel_shift(const plan *p, const cfbn_shape *s, const void *x, i
  * dtype, which the compiler vectorizes) */
 static void add_row(double *restrict sum, const void *restrict x, int dt, int64_t C)
 {
-    if (dt == CFBN_F64) {
+    switch ((enum cfbn_dtype)dt) {
+    case CFBN_F64: {
         const double *v = x;
         for (int64_t c = 0; c < C; c++) sum[c] += v[c];
-    } else if (dt == CFBN_F32) {
+        break;
+    }
+    case CFBN_F32: {
         const float *v = x;
         for (int64_t c = 0; c < C; c++) sum[c] += (double)v[c];
-    } else if (dt == CFBN_BF16) {
+        break;
+    }
+    case CFBN_BF16: {
         const uint16_t *v = x;
         for (int64_t c = 0; c < C; c++) sum[c] += (double)cfbn_bf16_to_float(v[c]);
-    } else {
+        break;
+    }
+    case CFBN_F16: {
         const uint16_t *v = x;
         for (int64_t c = 0; c < C; c++) sum[c] += (double)cfbn_half_to_float(v[c]);
+        break;
+    }
     }
 }
 
@@ -801,7 +825,7 @@ static double *make_shift(const plan *p, const cfbn_shape *s, const void *x, int
         for (int64_t c = 0; c < p->C; c++) shift[c] = channel_shift(p, s, x, c);
     } else {
         int64_t k = s->outer < SHIFT_SAMPLE ? s->outer : SHIFT_SAMPLE;
-        size_t es = p->dtype == CFBN_F64 ? 8 : p->dtype == CFBN_F32 ? 4 : 2;
+        size_t es = cfbn_storage_size(p->dtype);
         for (int64_t c = 0; c < p->C; c++) shift[c] = 0.0;
         for (int64_t i = 0; i < k; i++) add_row(shift, (const char *)x + (size_t)(i * p->C) * es, p->dtype, p->C);
         for (int64_t c = 0; c < p->C; c++) shift[c] = finish_shift(p, shift[c], k);
