@@ -318,4 +318,28 @@ INLINE double hsum_pd(__m256d v)
     return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
 }
 
+/* ---- the primitives of the shared loops (bn_simd.c): a vector of doubles
+ * and its masks; each ISA's header defines the same names ---- */
+
+typedef __m256d vd;           /* VD_LANES doubles */
+typedef __m256i vd_mask;      /* lanes of a vd, set or clear */
+#define VD_LANES 4
+
+INLINE vd vd_zero(void) { return _mm256_setzero_pd(); }
+INLINE vd vd_set1(double v) { return _mm256_set1_pd(v); }
+INLINE vd vd_load(const double *p) { return _mm256_loadu_pd(p); }
+INLINE void vd_store(double *p, vd v) { _mm256_storeu_pd(p, v); }
+/* lanes [0, cnt) set; cnt may be <= 0 or >= VD_LANES */
+INLINE vd_mask vd_mask_first(int64_t cnt) { return mask_pd(cnt); }
+/* the set lanes of m from p (the others read as 0 and are not touched) */
+INLINE vd vd_load_part(const double *p, vd_mask m) { return _mm256_maskload_pd(p, m); }
+INLINE void vd_store_part(double *p, vd_mask m, vd v) { _mm256_maskstore_pd(p, m, v); }
+/* v in the set lanes of m, 0 in the others */
+INLINE vd vd_keep(vd v, vd_mask m) { return and_pd(v, m); }
+INLINE vd vd_add(vd a, vd b) { return _mm256_add_pd(a, b); }
+INLINE vd vd_sub(vd a, vd b) { return _mm256_sub_pd(a, b); }
+/* a * b + c, one rounding */
+INLINE vd vd_fma(vd a, vd b, vd c) { return _mm256_fmadd_pd(a, b, c); }
+INLINE double vd_hsum(vd v) { return hsum_pd(v); }
+
 #endif
