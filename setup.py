@@ -40,6 +40,10 @@ BASE_SOURCES = ["csrc/bn_scalar.c", "csrc/bn_route.c", "csrc/bn_driver.c", "csrc
                 "csrc/c_api.c"]
 OPT_FLAGS = [] if re.search(r"(^|\s)-O", os.environ.get("CFLAGS", "")) else ["-O3"]
 COMMON_FLAGS = OPT_FLAGS + ["-std=c11", "-fno-math-errno", "-fvisibility=hidden"]
+# The C files of csrc/ only: a switch on enum cfbn_dtype or cfbn_activation
+# with a member missing (and no default) is an error, so that a new dtype or
+# activation cannot fall through to another's code.
+CORE_FLAGS = ["-Werror=switch"]
 
 
 def target_arch():
@@ -233,9 +237,9 @@ class BuildExt(build_ext):
         def compile_one(src, extra_postargs, **kw):
             if src in isa:
                 # the ISA's flags; no OpenMP in the vector loops (the driver owns the threads)
-                return compile_core([src], extra_postargs=COMMON_FLAGS + isa[src][0], **kw)
+                return compile_core([src], extra_postargs=COMMON_FLAGS + CORE_FLAGS + isa[src][0], **kw)
             if src.startswith("csrc/"):
-                return compile_core([src], extra_postargs=extra_postargs, **kw)
+                return compile_core([src], extra_postargs=extra_postargs + CORE_FLAGS, **kw)
             return compile_python([src], extra_postargs=extra_postargs, **kw)
 
         def compile_parallel(sources, extra_postargs=None, **kw):

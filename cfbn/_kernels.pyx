@@ -34,6 +34,8 @@ cdef extern from "cfbn.h":
         const void *offset
         void *side_grad
     int CFBN_ISA_COUNT
+    int CFBN_ACT_COUNT
+    const char *cfbn_act_name(int act)
     const char *cfbn_isa_name(int isa)
     int cfbn_isa_compiled(int isa)
     int cfbn_isa_supported(int isa)
@@ -574,6 +576,12 @@ def set_fast_path_rules(forward, grad, grad_side, grad_grad, layouts, channels_f
     _grad_grad_result = grad_grad
     _LAYOUT_CODES = {name: (rank, channels_first if first else 0)
                      for name, (rank, first) in layouts.items()}
+    # enum cfbn_activation is the one list of activations: the names and
+    # codes here must be exactly its members
+    by_code = {code: ("none" if name is None else name) for name, (code, _) in activations.items()}
+    in_c = {code: cfbn_act_name(code).decode() for code in range(CFBN_ACT_COUNT)}
+    if by_code != in_c:
+        raise ImportError("cfbn: the activations %r are not enum cfbn_activation's %r" % (by_code, in_c))
     _ACTIVATIONS = {name: entry for name, entry in activations.items() if name is not None}
     _forward_result, _grad_result, _grad_side_result = forward, grad, grad_side
     _FORWARD_FIELDS, _GRAD_FIELDS = tuple(forward._fields), tuple(grad._fields)

@@ -1,7 +1,10 @@
 /* AVX2 + FMA + F16C kernels.  Only this file is compiled with -mavx2 -mfma
  * -mf16c, and everything in it is static except the table: a helper with
  * external linkage could be merged with a baseline copy by the linker and
- * then run on a CPU without AVX2.  Same contracts as bn_scalar.c.
+ * then run on a CPU without AVX2.  Same contracts as bn_scalar.c.  The
+ * primitives (masks, loads and stores of each storage type, float16 and
+ * bfloat16 conversions, horizontal sums) are in vec_avx2.h; the loops
+ * shared with other ISAs (so far the float64 plain entries) in bn_simd.c.
  *
  * f32, f16 and bf16 share their bodies (a constant `dt`, the storage type,
  * that always_inline folds away; bn_entries.h makes the entries); f64 has
@@ -30,314 +33,8 @@
 #include "bn_act.h"
 #include "bn_entries.h"
 #include "storage.h"
-
-#define INLINE static inline __attribute__((always_inline))
-/* the rarely taken ways back to double sums: out of line, so that the fast
- * loops keep their code and its alignment */
-#define COLD static __attribute__((noinline, cold))
-
-/* ---- masks: lanes [0, cnt) set; cnt may be <= 0 or >= the lane count ---- */
-
-INLINE __m256i mask_ps(int64_t cnt)
-{
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-INLINE __m256i mask_pd(int64_t cnt)
-{
-    return _mm256_cmpgt_epi64(_mm256_set1_epi64x(cnt), _mm256_setr_epi64x(0, 1, 2, 3));
-}
-
-INLINE __m128i mask_ph(int64_t cnt)
-{
-    return _mm_cmpgt_epi16(_mm_set1_epi16((short)cnt), _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-/* ---- element access: 8 lanes of float; dt is the tensor's storage
- * (CFBN_F32, CFBN_F16 by F16C, CFBN_BF16 by integer shifts) ---- */
-
-/* bfloat16 <-> float by byte shuffles within 128-bit lanes.  Widening:
- * halfword k of a lane (the 8 halfwords in both lanes) into the upper half
- * of dword k, lane 1 taking halfwords 4..7; narrowing: the upper halves of
- * a lane's dwords into its low 8 bytes. */
-#define BF16_WIDEN_SHUFFLE \
-    _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7, \
-                     -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15)
-#define BF16_NARROW_SHUFFLE \
-    _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1, \
-                     2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1)
-
-/* 8 halfwords -> 8 floats */
-INLINE __m256 widen_ph(__m128i h, int dt)
-{
-    if (dt == CFBN_BF16)
-        return _mm256_castsi256_ps(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(h), BF16_WIDEN_SHUFFLE));
-    return _mm256_cvtph_ps(h);
-}
-
-/* 8 floats -> 8 halfwords, to nearest even.  bfloat16: add 0x7fff plus the
- * kept lsb and drop the low half (a carry rounds up into the exponent, to
- * inf past the largest finite value); nan is made quiet instead, so that
- * rounding never turns it into inf. */
-INLINE __m128i narrow_ph(__m256 v, int dt)
-{
-    if (dt != CFBN_BF16) return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
-    __m256i b = _mm256_castps_si256(v);
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    r = _mm256_blendv_epi8(r, _mm256_or_si256(b, _mm256_set1_epi32(0x400000)), nan);
-    r = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(r, BF16_NARROW_SHUFFLE), 0x08);
-    return _mm256_castsi256_si128(r);
-}
-
-/* a float's bits plus the bfloat16 rounding increment (no NaN) */
-INLINE __m256i round_bf16(__m256 v)
-{
-    __m256i b = _mm256_castps_si256(v);
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-    return _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-}
-
-/* 16 floats (a, then b) -> 16 halfwords, as narrow_ph.  bfloat16: both
- * vectors rounded at once and packed together (packus keeps the lanes of a
- * 128-bit half together; the permute puts a's before b's), which takes half
- * the instructions of two narrow_ph; a pair holding a NaN goes through
- * narrow_ph, which quietens it. */
-INLINE __m256i narrow2_ph(__m256 a, __m256 b, int dt)
-{
-    if (dt == CFBN_BF16 && !_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_UNORD_Q))) {
-        __m256i r = _mm256_packus_epi32(_mm256_srli_epi32(round_bf16(a), 16), _mm256_srli_epi32(round_bf16(b), 16));
-        return _mm256_permute4x64_epi64(r, 0xd8);
-    }
-    return _mm256_set_m128i(narrow_ph(b, dt), narrow_ph(a, dt));
-}
-
-INLINE __m256 ld8(const void *p, int64_t i, int dt)
-{
-    if (dt)
-        return widen_ph(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)), dt);
-    return _mm256_loadu_ps((const float *)p + i);
-}
-
-/* The first cnt (1..7) elements at p[i], zero in the other lanes.  avail is
- * how many elements p[i..] holds: nothing past it is read, so a slice that
- * ends at a page boundary never faults. */
-INLINE __m256 ld_part(const void *p, int64_t i, int64_t cnt, int64_t avail, int dt)
-{
-    if (!dt)
-        return _mm256_maskload_ps((const float *)p + i, mask_ps(cnt));
-    const uint16_t *q = (const uint16_t *)p + i;
-    __m128i h;
-    if (avail >= 8) {
-        h = _mm_and_si128(_mm_loadu_si128((const __m128i *)q), mask_ph(cnt));
-    } else {
-        /* the whole pairs by a masked load of 32-bit lanes (masked lanes are
-         * not read), an odd last element broadcast into its lane */
-        h = _mm_maskload_epi32((const int *)q, _mm256_castsi256_si128(mask_ps(cnt >> 1)));
-        if (cnt & 1) {
-            __m128i lane = _mm_cmpeq_epi16(_mm_set1_epi16((short)(cnt - 1)), _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7));
-            h = _mm_blendv_epi8(h, _mm_set1_epi16((short)q[cnt - 1]), lane);
-        }
-    }
-    return widen_ph(h, dt);
-}
-
-INLINE void st8(void *p, int64_t i, __m256 v, int dt)
-{
-    if (dt)
-        _mm_storeu_si128((__m128i *)((uint16_t *)p + i), narrow_ph(v, dt));
-    else
-        _mm256_storeu_ps((float *)p + i, v);
-}
-
-/* 16 elements: a at p[i], b at p[i + 8] */
-INLINE void st16(void *p, int64_t i, __m256 a, __m256 b, int dt)
-{
-    if (dt) {
-        _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), narrow2_ph(a, b, dt));
-        return;
-    }
-    _mm256_storeu_ps((float *)p + i, a);
-    _mm256_storeu_ps((float *)p + i + 8, b);
-}
-
-/* element i of p, dt storage, as a byte address */
-INLINE const char *elem_at(const void *p, int64_t i, int dt)
-{
-    return (const char *)p + (size_t)i * (dt ? 2 : 4);
-}
-
-/* ---- bfloat16 runs: 16 elements as two vectors of float ----
- * Where every lane takes the same parameters (a run), the order of the
- * lanes does not matter to an elementwise pass, nor to a sum beyond its
- * rounding.  16 bfloat16 (one 32-byte load) then widen to the elements of
- * even index (each dword shifted left by 16) and those of odd index (the
- * dword's upper half kept), two integer operations and no shuffle; they
- * narrow back the same way, each rounded to nearest even as narrow_ph
- * does.  A pair holding a NaN is put back in element order and goes through
- * narrow2_ph, which quietens it. */
-INLINE void ld16_eo(const void *p, int64_t i, __m256 *e, __m256 *o)
-{
-    __m256i v = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
-    *e = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-    *o = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
-}
-
-INLINE __m256i narrow16_eo(__m256 e, __m256 o)
-{
-    if (_mm256_movemask_ps(_mm256_cmp_ps(e, o, _CMP_UNORD_Q))) {
-        __m256 lo = _mm256_unpacklo_ps(e, o), hi = _mm256_unpackhi_ps(e, o);
-        return narrow2_ph(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31), CFBN_BF16);
-    }
-    /* e's rounded halves into the low halfwords, o's kept in the high ones */
-    return _mm256_blend_epi16(_mm256_srli_epi32(round_bf16(e), 16), round_bf16(o), 0xaa);
-}
-
-INLINE void st16_eo(void *p, int64_t i, __m256 e, __m256 o)
-{
-    _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), narrow16_eo(e, o));
-}
-
-/* 32 elements from p + i, 32-byte aligned, non-temporal: (e0, o0) and
- * (e1, o1) as st16_eo's pairs, one 32-byte store each and one NaN test for
- * both. */
-INLINE void narrow32_eo(__m256 e0, __m256 o0, __m256 e1, __m256 o1, __m256i *h0, __m256i *h1)
-{
-    __m256 nan = _mm256_or_ps(_mm256_cmp_ps(e0, o0, _CMP_UNORD_Q), _mm256_cmp_ps(e1, o1, _CMP_UNORD_Q));
-    if (_mm256_movemask_ps(nan)) {
-        *h0 = narrow16_eo(e0, o0);
-        *h1 = narrow16_eo(e1, o1);
-        return;
-    }
-    *h0 = _mm256_blend_epi16(_mm256_srli_epi32(round_bf16(e0), 16), round_bf16(o0), 0xaa);
-    *h1 = _mm256_blend_epi16(_mm256_srli_epi32(round_bf16(e1), 16), round_bf16(o1), 0xaa);
-}
-
-INLINE void st32_eo_nt(void *p, int64_t i, __m256 e0, __m256 o0, __m256 e1, __m256 o1)
-{
-    __m256i *q = (__m256i *)((uint16_t *)p + i), h0, h1;
-    narrow32_eo(e0, o0, e1, o1, &h0, &h1);
-    _mm256_stream_si256(q, h0);
-    _mm256_stream_si256(q + 1, h1);
-}
-
-/* Non-temporal stores of 16-element groups h written in order from p[0]
- * (p 16-byte aligned), 32 bytes at a time: where p is 32-byte aligned each
- * group by itself; where it is 16 bytes past (half), the upper half of the
- * previous group (*prev) joined to the lower half of this one, the first
- * group's lower half by itself, and st16_nt_seq_end stores the last upper
- * half (n: the elements written). */
-INLINE void st16_nt_seq(void *p, int64_t i, __m256i h, int half, __m256i *prev)
-{
-    uint16_t *q = (uint16_t *)p + i;
-    if (!half) _mm256_stream_si256((__m256i *)q, h);
-    else if (i == 0) _mm_stream_si128((__m128i *)q, _mm256_castsi256_si128(h));
-    else _mm256_stream_si256((__m256i *)(q - 8), _mm256_permute2x128_si256(*prev, h, 0x21));
-    *prev = h;
-}
-
-INLINE void st16_nt_seq_end(void *p, int64_t n, int half, __m256i prev)
-{
-    if (half && n > 0) _mm_stream_si128((__m128i *)((uint16_t *)p + n - 8), _mm256_extracti128_si256(prev, 1));
-}
-
-/* Reductions over runs a few pages long (NCHW planes) restart the hardware
- * prefetchers at every page; a prefetch FLAT_PREFETCH_BYTES ahead of the line
- * of element i keeps the stream going.  Called once per 16 elements.  The
- * streaming bfloat16 loops (tensors far larger than the caches) fetch their
- * inputs the same way: their widening and rounding keep the core busy
- * enough that the hardware prefetchers alone leave the memory bus idle part
- * of the time.  Measured on the normalization loop over 51M elements
- * (103 MB), 2 threads, interleaved: 0.147 -> 0.135 and 0.131 -> 0.116 ns an
- * element on average. */
-#define FLAT_PREFETCH_BYTES 4096
-INLINE void prefetch_ahead_of(const void *p, int64_t i, int dt)
-{
-    _mm_prefetch((const char *)p + (size_t)i * (dt ? 2 : 4) + FLAT_PREFETCH_BYTES, _MM_HINT_T0);
-}
-
-/* Rows of bfloat16 whose width is a multiple of 16 (and at most EO_MAX_W)
- * go through ld16_eo and st16_eo too, with the per-column parameters put in
- * the order of its lanes once per call.  Each group of 16 columns from j
- * gets 16 k floats at out[j k ..]: for each of the k arrays in turn, the
- * values of the even lanes (columns j, j+2, ..., j+14), then those of the
- * odd lanes, so that a row's loop walks one pointer through them. */
-#define EO_MAX_W 1024
-INLINE int eo_rows(int dt, int64_t w)
-{
-    return dt == CFBN_BF16 && w % 16 == 0 && w > 0 && w <= EO_MAX_W;
-}
-
-static void eo_params(const float *const *v, int k, int64_t w, float *out)
-{
-    for (int64_t j = 0; j < w; j += 16) {
-        for (int a = 0; a < k; a++, out += 16) {
-            /* columns j..j+15 as lo and hi; the shuffle picks the even
-             * (0x88) or odd (0xdd) ones of each 128-bit half, the permute
-             * puts lo's before hi's */
-            __m256 lo = _mm256_loadu_ps(v[a] + j), hi = _mm256_loadu_ps(v[a] + j + 8);
-            __m256d ev = _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88));
-            __m256d od = _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xdd));
-            _mm256_storeu_ps(out, _mm256_castpd_ps(_mm256_permute4x64_pd(ev, 0xd8)));
-            _mm256_storeu_ps(out + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(od, 0xd8)));
-        }
-    }
-}
-
-/* Writes exactly cnt (1..7) elements: a neighbouring element may belong to
- * another thread's piece (or be the next row's input when y aliases x). */
-INLINE void st_part(void *p, int64_t i, __m256 v, int64_t cnt, int dt)
-{
-    if (!dt) {
-        _mm256_maskstore_ps((float *)p + i, mask_ps(cnt), v);
-        return;
-    }
-    /* the whole pairs by a masked store of 32-bit lanes, an odd last
-     * element on its own */
-    uint16_t *q = (uint16_t *)p + i;
-    __m128i h = narrow_ph(v, dt);
-    _mm_maskstore_epi32((int *)q, _mm256_castsi256_si128(mask_ps(cnt >> 1)), h);
-    if (cnt & 1) {
-        uint16_t buf[8];
-        _mm_storeu_si128((__m128i *)buf, h);
-        q[cnt - 1] = buf[cnt - 1];
-    }
-}
-
-/* Four elements widened to double; float -> double is exact. */
-INLINE __m256d ld4d(const void *p, int64_t i, int dt)
-{
-    if (dt == CFBN_BF16) {
-        __m128i h = _mm_loadl_epi64((const __m128i *)((const uint16_t *)p + i));
-        return _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16)));
-    }
-    if (dt)
-        return _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)((const uint16_t *)p + i))));
-    return _mm256_cvtps_pd(_mm_loadu_ps((const float *)p + i));
-}
-
-INLINE __m256d lo_pd(__m256 v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
-INLINE __m256d hi_pd(__m256 v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
-
-INLINE __m256 and_ps(__m256 v, __m256i m) { return _mm256_and_ps(v, _mm256_castsi256_ps(m)); }
-INLINE __m256d and_pd(__m256d v, __m256i m) { return _mm256_and_pd(v, _mm256_castsi256_pd(m)); }
-
-INLINE double hsum_pd(__m256d v)
-{
-    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
-}
-
-/* acc[j] = sum of lanes[l] over l = j, j + w, ... < period (w divides period) */
-static void fold_lanes(const double *lanes, int64_t period, int64_t w, double *acc)
-{
-    for (int64_t j = 0; j < w; j++) {
-        double s = 0.0;
-        for (int64_t l = j; l < period; l += w) s += lanes[l];
-        acc[j] = s;
-    }
-}
+#include "vec_avx2.h"
+#include "bn_simd.c"
 
 /* Double sums for 8 float lanes: s1 = sum d or sum dy, s2 = sum d^2 or sum dy*d. */
 typedef struct {
@@ -1623,7 +1320,8 @@ INLINE __m256 tanh_ps(__m256 v)
 INLINE __m256 act_ps(__m256 v, int kind, __m256 al)
 {
     const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
-    switch (kind) {
+    switch ((enum cfbn_activation)kind) {
+    case CFBN_ACT_NONE: return v;
     case CFBN_ACT_RELU: return _mm256_max_ps(zero, v);
     case CFBN_ACT_RELU6: return _mm256_min_ps(_mm256_set1_ps(6.0f), _mm256_max_ps(zero, v));
     case CFBN_ACT_LEAKY_RELU:
@@ -1634,8 +1332,8 @@ INLINE __m256 act_ps(__m256 v, int kind, __m256 al)
     case CFBN_ACT_TANH: return tanh_ps(v);
     case CFBN_ACT_SILU:
         return _mm256_div_ps(v, _mm256_add_ps(one, exp_ps(_mm256_sub_ps(zero, v))));
-    default: return v;
     }
+    return _mm256_set1_ps(NAN);   /* a code outside the enum */
 }
 
 /* d act / d v; a NaN v gives NaN (the unordered mask is all ones, a NaN) */
@@ -1644,7 +1342,8 @@ INLINE __m256 act_grad_ps(__m256 v, int kind, __m256 al)
     const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
     __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
     __m256 pos = _mm256_cmp_ps(v, zero, _CMP_GT_OQ);
-    switch (kind) {
+    switch ((enum cfbn_activation)kind) {
+    case CFBN_ACT_NONE: return one;
     case CFBN_ACT_RELU: return _mm256_or_ps(_mm256_and_ps(pos, one), nan);
     case CFBN_ACT_RELU6: {
         __m256 in = _mm256_and_ps(pos, _mm256_cmp_ps(v, _mm256_set1_ps(6.0f), _CMP_LT_OQ));
@@ -1664,8 +1363,8 @@ INLINE __m256 act_grad_ps(__m256 v, int kind, __m256 al)
         __m256 s = sigmoid_ps(v);
         return _mm256_mul_ps(s, _mm256_fmadd_ps(v, _mm256_sub_ps(one, s), one));
     }
-    default: return one;
     }
+    return _mm256_set1_ps(NAN);   /* a code outside the enum */
 }
 
 /* ---- fused activation and side input inside the vector loops ----
@@ -2166,7 +1865,9 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
             lanes_ps(p->ya, w, &q[2], &q[6]);
             lanes_ps(p->yb, w, &q[3], &q[7]);
         }
-        acc8 e, o;
+        /* zero for a code outside enum cfbn_activation, which reaches no
+         * call below (and -Wmaybe-uninitialized sees that path) */
+        acc8 e = acc8_zero(), o = acc8_zero();
 #define FGSTATS_FLAT(k)                                                                 \
     if (side) fgstats_flat_ps(dy, x, side, p->g_out, rows * w, q, k, 1, al, dt, &e, &o); \
     else fgstats_flat_ps(dy, x, NULL, p->g_out, rows * w, q, k, 0, al, dt, &e, &o)
@@ -3277,407 +2978,6 @@ GG_RUNS_ENTRIES(f32, CFBN_F32)
 GG_RUNS_ENTRIES(f16, CFBN_F16)
 GG_RUNS_ENTRIES(bf16, CFBN_BF16)
 
-/* ---- float64: 4 lanes; flat streams alternate two parameter sets over
- * 4-element blocks, so widths dividing 8 see whole columns per lane ---- */
-
-typedef struct {
-    __m256d s1, s2;
-} acc4;
-
-INLINE acc4 acc4_zero(void)
-{
-    acc4 a = {_mm256_setzero_pd(), _mm256_setzero_pd()};
-    return a;
-}
-
-INLINE void stats_step_pd(acc4 *a, __m256d x, __m256d sh)
-{
-    __m256d d = _mm256_sub_pd(x, sh);
-    a->s1 = _mm256_add_pd(a->s1, d);
-    a->s2 = _mm256_fmadd_pd(d, d, a->s2);
-}
-
-INLINE __m256d centered_pd(__m256d x, __m256d mhi, __m256d mlo)
-{
-    return _mm256_sub_pd(_mm256_sub_pd(x, mhi), mlo);
-}
-
-INLINE void gstats_step_pd(acc4 *a, __m256d g, __m256d d)
-{
-    a->s1 = _mm256_add_pd(a->s1, g);
-    a->s2 = _mm256_fmadd_pd(g, d, a->s2);
-}
-
-INLINE __m256d apply_pd(__m256d x, __m256d mhi, __m256d mlo, __m256d al, __m256d be)
-{
-    return _mm256_fmadd_pd(centered_pd(x, mhi, mlo), al, be);
-}
-
-INLINE __m256d gapply_pd(__m256d g, __m256d x, __m256d mhi, __m256d mlo, __m256d a, __m256d b, __m256d c)
-{
-    return _mm256_fmadd_pd(g, a, _mm256_fmadd_pd(centered_pd(x, mhi, mlo), b, c));
-}
-
-INLINE __m256d ldpart_pd(const double *p, int64_t cnt) { return _mm256_maskload_pd(p, mask_pd(cnt)); }
-
-/* sh[0] for even 4-blocks, sh[1] for odd; sums of even blocks in *ea. */
-INLINE void stats_flat_pd(const double *x, int64_t n, const __m256d *sh, acc4 *ea, acc4 *oa)
-{
-    acc4 a0 = acc4_zero(), b0 = acc4_zero(), a1 = acc4_zero(), b1 = acc4_zero();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        stats_step_pd(&a0, _mm256_loadu_pd(x + i), sh[0]);
-        stats_step_pd(&b0, _mm256_loadu_pd(x + i + 4), sh[1]);
-        stats_step_pd(&a1, _mm256_loadu_pd(x + i + 8), sh[0]);
-        stats_step_pd(&b1, _mm256_loadu_pd(x + i + 12), sh[1]);
-    }
-    for (; i + 8 <= n; i += 8) {
-        stats_step_pd(&a0, _mm256_loadu_pd(x + i), sh[0]);
-        stats_step_pd(&b0, _mm256_loadu_pd(x + i + 4), sh[1]);
-    }
-    int odd = 0;
-    if (i + 4 <= n) {
-        stats_step_pd(&a1, _mm256_loadu_pd(x + i), sh[0]);
-        i += 4;
-        odd = 1;
-    }
-    if (i < n) {
-        __m256i mk = mask_pd(n - i);
-        __m256d v = _mm256_maskload_pd(x + i, mk);
-        if (odd)
-            stats_step_pd(&b1, v, and_pd(sh[1], mk));
-        else
-            stats_step_pd(&a1, v, and_pd(sh[0], mk));
-    }
-    ea->s1 = _mm256_add_pd(a0.s1, a1.s1);
-    ea->s2 = _mm256_add_pd(a0.s2, a1.s2);
-    oa->s1 = _mm256_add_pd(b0.s1, b1.s1);
-    oa->s2 = _mm256_add_pd(b0.s2, b1.s2);
-}
-
-/* m: mhi, mlo of even 4-blocks, then of odd ones */
-INLINE void gstats_flat_pd(const double *dy, const double *x, int64_t n, const __m256d *m, acc4 *ea, acc4 *oa)
-{
-    acc4 a0 = acc4_zero(), b0 = acc4_zero(), a1 = acc4_zero(), b1 = acc4_zero();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        gstats_step_pd(&a0, _mm256_loadu_pd(dy + i), centered_pd(_mm256_loadu_pd(x + i), m[0], m[1]));
-        gstats_step_pd(&b0, _mm256_loadu_pd(dy + i + 4), centered_pd(_mm256_loadu_pd(x + i + 4), m[2], m[3]));
-        gstats_step_pd(&a1, _mm256_loadu_pd(dy + i + 8), centered_pd(_mm256_loadu_pd(x + i + 8), m[0], m[1]));
-        gstats_step_pd(&b1, _mm256_loadu_pd(dy + i + 12), centered_pd(_mm256_loadu_pd(x + i + 12), m[2], m[3]));
-    }
-    for (; i + 8 <= n; i += 8) {
-        gstats_step_pd(&a0, _mm256_loadu_pd(dy + i), centered_pd(_mm256_loadu_pd(x + i), m[0], m[1]));
-        gstats_step_pd(&b0, _mm256_loadu_pd(dy + i + 4), centered_pd(_mm256_loadu_pd(x + i + 4), m[2], m[3]));
-    }
-    int odd = 0;
-    if (i + 4 <= n) {
-        gstats_step_pd(&a1, _mm256_loadu_pd(dy + i), centered_pd(_mm256_loadu_pd(x + i), m[0], m[1]));
-        i += 4;
-        odd = 1;
-    }
-    if (i < n) {
-        __m256i mk = mask_pd(n - i);
-        __m256d g = _mm256_maskload_pd(dy + i, mk), v = _mm256_maskload_pd(x + i, mk);
-        if (odd)
-            gstats_step_pd(&b1, g, centered_pd(v, and_pd(m[2], mk), and_pd(m[3], mk)));
-        else
-            gstats_step_pd(&a1, g, centered_pd(v, and_pd(m[0], mk), and_pd(m[1], mk)));
-    }
-    ea->s1 = _mm256_add_pd(a0.s1, a1.s1);
-    ea->s2 = _mm256_add_pd(a0.s2, a1.s2);
-    oa->s1 = _mm256_add_pd(b0.s1, b1.s1);
-    oa->s2 = _mm256_add_pd(b0.s2, b1.s2);
-}
-
-/* p: mhi, mlo, alpha, beta of even 4-blocks, then of odd ones */
-INLINE void apply_flat_pd(const double *x, double *y, int64_t n, const __m256d *p)
-{
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m256d v0 = _mm256_loadu_pd(x + i), v1 = _mm256_loadu_pd(x + i + 4);
-        __m256d v2 = _mm256_loadu_pd(x + i + 8), v3 = _mm256_loadu_pd(x + i + 12);
-        _mm256_storeu_pd(y + i, apply_pd(v0, p[0], p[1], p[2], p[3]));
-        _mm256_storeu_pd(y + i + 4, apply_pd(v1, p[4], p[5], p[6], p[7]));
-        _mm256_storeu_pd(y + i + 8, apply_pd(v2, p[0], p[1], p[2], p[3]));
-        _mm256_storeu_pd(y + i + 12, apply_pd(v3, p[4], p[5], p[6], p[7]));
-    }
-    for (; i + 4 <= n; i += 4) {
-        const __m256d *q = p + 4 * ((i >> 2) & 1);
-        _mm256_storeu_pd(y + i, apply_pd(_mm256_loadu_pd(x + i), q[0], q[1], q[2], q[3]));
-    }
-    if (i < n) {
-        const __m256d *q = p + 4 * ((i >> 2) & 1);
-        __m256i mk = mask_pd(n - i);
-        _mm256_maskstore_pd(y + i, mk, apply_pd(_mm256_maskload_pd(x + i, mk), q[0], q[1], q[2], q[3]));
-    }
-}
-
-/* p: mhi, mlo, a, b, c of even 4-blocks, then of odd ones */
-INLINE void gapply_flat_pd(const double *dy, const double *x, double *dx, int64_t n, const __m256d *p)
-{
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256d g0 = _mm256_loadu_pd(dy + i), g1 = _mm256_loadu_pd(dy + i + 4);
-        __m256d v0 = _mm256_loadu_pd(x + i), v1 = _mm256_loadu_pd(x + i + 4);
-        _mm256_storeu_pd(dx + i, gapply_pd(g0, v0, p[0], p[1], p[2], p[3], p[4]));
-        _mm256_storeu_pd(dx + i + 4, gapply_pd(g1, v1, p[5], p[6], p[7], p[8], p[9]));
-    }
-    if (i + 4 <= n) {
-        _mm256_storeu_pd(dx + i, gapply_pd(_mm256_loadu_pd(dy + i), _mm256_loadu_pd(x + i), p[0], p[1], p[2], p[3], p[4]));
-        i += 4;
-    }
-    if (i < n) {
-        const __m256d *q = p + 5 * ((i >> 2) & 1);
-        __m256i mk = mask_pd(n - i);
-        __m256d g = _mm256_maskload_pd(dy + i, mk), v = _mm256_maskload_pd(x + i, mk);
-        _mm256_maskstore_pd(dx + i, mk, gapply_pd(g, v, q[0], q[1], q[2], q[3], q[4]));
-    }
-}
-
-INLINE void lanes_pd(const double *v, int64_t w, __m256d *even, __m256d *odd)
-{
-    double t[8];
-    for (int l = 0; l < 8; l++) t[l] = v[l % w];
-    *even = _mm256_loadu_pd(t);
-    *odd = _mm256_loadu_pd(t + 4);
-}
-
-static void stats_run_f64(const void *x_, int64_t n, double shift, double *acc)
-{
-    const double *x = x_;
-    __m256d s = _mm256_set1_pd(shift);
-    const __m256d sh[2] = {s, s};
-    acc4 a, b;
-    stats_flat_pd(x, n, sh, &a, &b);
-    acc[0] = hsum_pd(_mm256_add_pd(a.s1, b.s1));
-    acc[1] = hsum_pd(_mm256_add_pd(a.s2, b.s2));
-}
-
-static void stats_rows_f64(const void *x_, int64_t rows, int64_t w, const double *shift, double *acc)
-{
-    const double *x = x_;
-    if (w <= 0) return;
-    if (8 % w == 0) {
-        __m256d sh[2];
-        double s1[8], s2[8];
-        lanes_pd(shift, w, &sh[0], &sh[1]);
-        acc4 a, b;
-        stats_flat_pd(x, rows * w, sh, &a, &b);
-        _mm256_storeu_pd(s1, a.s1);
-        _mm256_storeu_pd(s1 + 4, b.s1);
-        _mm256_storeu_pd(s2, a.s2);
-        _mm256_storeu_pd(s2 + 4, b.s2);
-        fold_lanes(s1, 8, w, acc);
-        fold_lanes(s2, 8, w, acc + w);
-        return;
-    }
-    const int64_t full = w & ~(int64_t)3, cnt = w - full;
-    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
-    acc4 t = acc4_zero();
-    __m256i mk = mask_pd(cnt);
-    __m256d ts = cnt ? _mm256_maskload_pd(shift + full, mk) : _mm256_setzero_pd();
-    int64_t r = 0;
-    for (; r + 2 <= rows; r += 2) {
-        const double *x0 = x + r * w, *x1 = x0 + w;
-        for (int64_t j = 0; j < full; j += 4) {
-            acc4 c = {_mm256_loadu_pd(acc + j), _mm256_loadu_pd(acc + w + j)};
-            __m256d s = _mm256_loadu_pd(shift + j);
-            stats_step_pd(&c, _mm256_loadu_pd(x0 + j), s);
-            stats_step_pd(&c, _mm256_loadu_pd(x1 + j), s);
-            _mm256_storeu_pd(acc + j, c.s1);
-            _mm256_storeu_pd(acc + w + j, c.s2);
-        }
-        if (cnt) {
-            stats_step_pd(&t, _mm256_maskload_pd(x0 + full, mk), ts);
-            stats_step_pd(&t, _mm256_maskload_pd(x1 + full, mk), ts);
-        }
-    }
-    if (r < rows) {
-        const double *x0 = x + r * w;
-        for (int64_t j = 0; j < full; j += 4) {
-            acc4 c = {_mm256_loadu_pd(acc + j), _mm256_loadu_pd(acc + w + j)};
-            stats_step_pd(&c, _mm256_loadu_pd(x0 + j), _mm256_loadu_pd(shift + j));
-            _mm256_storeu_pd(acc + j, c.s1);
-            _mm256_storeu_pd(acc + w + j, c.s2);
-        }
-        if (cnt) stats_step_pd(&t, _mm256_maskload_pd(x0 + full, mk), ts);
-    }
-    if (cnt) {
-        _mm256_maskstore_pd(acc + full, mk, t.s1);
-        _mm256_maskstore_pd(acc + w + full, mk, t.s2);
-    }
-}
-
-static void apply_run_f64(const void *x_, void *y_, int64_t n, const cfbn_apply_f64 *p)
-{
-    const double *x = x_;
-    double *y = y_;
-    __m256d m = _mm256_set1_pd(p->mhi[0]), l = _mm256_set1_pd(p->mlo[0]);
-    __m256d a = _mm256_set1_pd(p->alpha[0]), b = _mm256_set1_pd(p->beta[0]);
-    const __m256d q[8] = {m, l, a, b, m, l, a, b};
-    apply_flat_pd(x, y, n, q);
-}
-
-static void apply_rows_f64(const void *x_, void *y_, int64_t rows, int64_t w, const cfbn_apply_f64 *p)
-{
-    const double *x = x_;
-    double *y = y_;
-    if (w <= 0) return;
-    if (8 % w == 0) {
-        __m256d q[8];
-        lanes_pd(p->mhi, w, &q[0], &q[4]);
-        lanes_pd(p->mlo, w, &q[1], &q[5]);
-        lanes_pd(p->alpha, w, &q[2], &q[6]);
-        lanes_pd(p->beta, w, &q[3], &q[7]);
-        apply_flat_pd(x, y, rows * w, q);
-        return;
-    }
-    const int64_t full = w & ~(int64_t)3, cnt = w - full;
-    __m256i mk = mask_pd(cnt);
-    __m256d tm = _mm256_setzero_pd(), tl = tm, ta = tm, tb = tm;
-    if (cnt) {
-        tm = ldpart_pd(p->mhi + full, cnt);
-        tl = ldpart_pd(p->mlo + full, cnt);
-        ta = ldpart_pd(p->alpha + full, cnt);
-        tb = ldpart_pd(p->beta + full, cnt);
-    }
-    for (int64_t r = 0; r < rows; r++) {
-        const double *xr = x + r * w;
-        double *yr = y + r * w;
-        for (int64_t j = 0; j < full; j += 4)
-            _mm256_storeu_pd(yr + j, apply_pd(_mm256_loadu_pd(xr + j), _mm256_loadu_pd(p->mhi + j),
-                                              _mm256_loadu_pd(p->mlo + j), _mm256_loadu_pd(p->alpha + j),
-                                              _mm256_loadu_pd(p->beta + j)));
-        if (cnt) _mm256_maskstore_pd(yr + full, mk, apply_pd(_mm256_maskload_pd(xr + full, mk), tm, tl, ta, tb));
-    }
-}
-
-static void gstats_run_f64(const void *dy_, const void *x_, int64_t n, const cfbn_grad_f64 *p, double *acc)
-{
-    const double *dy = dy_;
-    const double *x = x_;
-    __m256d m = _mm256_set1_pd(p->mhi[0]), l = _mm256_set1_pd(p->mlo[0]);
-    const __m256d q[4] = {m, l, m, l};
-    acc4 a, b;
-    gstats_flat_pd(dy, x, n, q, &a, &b);
-    acc[0] = hsum_pd(_mm256_add_pd(a.s1, b.s1));
-    acc[1] = hsum_pd(_mm256_add_pd(a.s2, b.s2));
-}
-
-static void gstats_rows_f64(const void *dy_, const void *x_, int64_t rows, int64_t w, const cfbn_grad_f64 *p, double *acc)
-{
-    const double *dy = dy_;
-    const double *x = x_;
-    if (w <= 0) return;
-    if (8 % w == 0) {
-        __m256d q[4];
-        double s1[8], s2[8];
-        lanes_pd(p->mhi, w, &q[0], &q[2]);
-        lanes_pd(p->mlo, w, &q[1], &q[3]);
-        acc4 a, b;
-        gstats_flat_pd(dy, x, rows * w, q, &a, &b);
-        _mm256_storeu_pd(s1, a.s1);
-        _mm256_storeu_pd(s1 + 4, b.s1);
-        _mm256_storeu_pd(s2, a.s2);
-        _mm256_storeu_pd(s2 + 4, b.s2);
-        fold_lanes(s1, 8, w, acc);
-        fold_lanes(s2, 8, w, acc + w);
-        return;
-    }
-    const int64_t full = w & ~(int64_t)3, cnt = w - full;
-    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
-    acc4 t = acc4_zero();
-    __m256i mk = mask_pd(cnt);
-    __m256d tm = _mm256_setzero_pd(), tl = tm;
-    if (cnt) {
-        tm = ldpart_pd(p->mhi + full, cnt);
-        tl = ldpart_pd(p->mlo + full, cnt);
-    }
-    int64_t r = 0;
-    for (; r + 2 <= rows; r += 2) {
-        const double *x0 = x + r * w, *x1 = x0 + w, *g0 = dy + r * w, *g1 = g0 + w;
-        for (int64_t j = 0; j < full; j += 4) {
-            acc4 c = {_mm256_loadu_pd(acc + j), _mm256_loadu_pd(acc + w + j)};
-            __m256d m = _mm256_loadu_pd(p->mhi + j), l = _mm256_loadu_pd(p->mlo + j);
-            gstats_step_pd(&c, _mm256_loadu_pd(g0 + j), centered_pd(_mm256_loadu_pd(x0 + j), m, l));
-            gstats_step_pd(&c, _mm256_loadu_pd(g1 + j), centered_pd(_mm256_loadu_pd(x1 + j), m, l));
-            _mm256_storeu_pd(acc + j, c.s1);
-            _mm256_storeu_pd(acc + w + j, c.s2);
-        }
-        if (cnt) {
-            gstats_step_pd(&t, _mm256_maskload_pd(g0 + full, mk), centered_pd(_mm256_maskload_pd(x0 + full, mk), tm, tl));
-            gstats_step_pd(&t, _mm256_maskload_pd(g1 + full, mk), centered_pd(_mm256_maskload_pd(x1 + full, mk), tm, tl));
-        }
-    }
-    if (r < rows) {
-        const double *x0 = x + r * w, *g0 = dy + r * w;
-        for (int64_t j = 0; j < full; j += 4) {
-            acc4 c = {_mm256_loadu_pd(acc + j), _mm256_loadu_pd(acc + w + j)};
-            gstats_step_pd(&c, _mm256_loadu_pd(g0 + j),
-                           centered_pd(_mm256_loadu_pd(x0 + j), _mm256_loadu_pd(p->mhi + j), _mm256_loadu_pd(p->mlo + j)));
-            _mm256_storeu_pd(acc + j, c.s1);
-            _mm256_storeu_pd(acc + w + j, c.s2);
-        }
-        if (cnt)
-            gstats_step_pd(&t, _mm256_maskload_pd(g0 + full, mk), centered_pd(_mm256_maskload_pd(x0 + full, mk), tm, tl));
-    }
-    if (cnt) {
-        _mm256_maskstore_pd(acc + full, mk, t.s1);
-        _mm256_maskstore_pd(acc + w + full, mk, t.s2);
-    }
-}
-
-static void gapply_run_f64(const void *dy_, const void *x_, void *dx_, int64_t n, const cfbn_grad_f64 *p)
-{
-    const double *dy = dy_;
-    const double *x = x_;
-    double *dx = dx_;
-    __m256d m = _mm256_set1_pd(p->mhi[0]), l = _mm256_set1_pd(p->mlo[0]);
-    __m256d a = _mm256_set1_pd(p->a[0]), b = _mm256_set1_pd(p->b[0]), c = _mm256_set1_pd(p->c[0]);
-    const __m256d q[10] = {m, l, a, b, c, m, l, a, b, c};
-    gapply_flat_pd(dy, x, dx, n, q);
-}
-
-static void gapply_rows_f64(const void *dy_, const void *x_, void *dx_, int64_t rows, int64_t w, const cfbn_grad_f64 *p)
-{
-    const double *dy = dy_;
-    const double *x = x_;
-    double *dx = dx_;
-    if (w <= 0) return;
-    if (8 % w == 0) {
-        __m256d q[10];
-        lanes_pd(p->mhi, w, &q[0], &q[5]);
-        lanes_pd(p->mlo, w, &q[1], &q[6]);
-        lanes_pd(p->a, w, &q[2], &q[7]);
-        lanes_pd(p->b, w, &q[3], &q[8]);
-        lanes_pd(p->c, w, &q[4], &q[9]);
-        gapply_flat_pd(dy, x, dx, rows * w, q);
-        return;
-    }
-    const int64_t full = w & ~(int64_t)3, cnt = w - full;
-    __m256i mk = mask_pd(cnt);
-    __m256d tm = _mm256_setzero_pd(), tl = tm, ta = tm, tb = tm, tc = tm;
-    if (cnt) {
-        tm = ldpart_pd(p->mhi + full, cnt);
-        tl = ldpart_pd(p->mlo + full, cnt);
-        ta = ldpart_pd(p->a + full, cnt);
-        tb = ldpart_pd(p->b + full, cnt);
-        tc = ldpart_pd(p->c + full, cnt);
-    }
-    for (int64_t r = 0; r < rows; r++) {
-        const double *xr = x + r * w, *gr = dy + r * w;
-        double *o = dx + r * w;
-        for (int64_t j = 0; j < full; j += 4)
-            _mm256_storeu_pd(o + j, gapply_pd(_mm256_loadu_pd(gr + j), _mm256_loadu_pd(xr + j), _mm256_loadu_pd(p->mhi + j),
-                                              _mm256_loadu_pd(p->mlo + j), _mm256_loadu_pd(p->a + j),
-                                              _mm256_loadu_pd(p->b + j), _mm256_loadu_pd(p->c + j)));
-        if (cnt)
-            _mm256_maskstore_pd(o + full, mk, gapply_pd(_mm256_maskload_pd(gr + full, mk), _mm256_maskload_pd(xr + full, mk),
-                                                        tm, tl, ta, tb, tc));
-    }
-}
-
 /* ---- second-order gradient, float64 (cfbn_gg_f64) ----
  * In double throughout (d = (x - mhi) - mlo, the products and the five
  * sums): nothing to convert and no range to leave, so every element is one
@@ -3850,6 +3150,7 @@ static void ggapply_rows_f64(const void *dy_, const void *x_, const void *ggx_, 
 
 const cfbn_kernels cfbn_kernels_avx2 = {
     .name = "avx2",
+    .lanes = 8,
     .f32 = { CFBN_FLOAT_TABLE(f32), EXTRA_TABLE(f32), CFBN_GG_TABLE(f32), GG_RUNS_TABLE(f32) },
     .f64 = {
         stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,

@@ -41,6 +41,21 @@
 #define MAX_PARTIAL_DOUBLES (1 << 19)
 
 
+const char *cfbn_act_name(int act)
+{
+    switch ((enum cfbn_activation)act) {
+    case CFBN_ACT_NONE: return "none";
+    case CFBN_ACT_RELU: return "relu";
+    case CFBN_ACT_RELU6: return "relu6";
+    case CFBN_ACT_LEAKY_RELU: return "leaky_relu";
+    case CFBN_ACT_ELU: return "elu";
+    case CFBN_ACT_SIGMOID: return "sigmoid";
+    case CFBN_ACT_TANH: return "tanh";
+    case CFBN_ACT_SILU: return "silu";
+    }
+    return NULL;
+}
+
 static double elem_get(const void *p, int dtype, int64_t i)
 {
     return dtype == CFBN_F64 ? ((const double *)p)[i] : (double)cfbn_load_float(dtype, p, i);
@@ -153,7 +168,7 @@ static int64_t gcd64(int64_t a, int64_t b)
     return a;
 }
 
-static void make_plan(const cfbn_shape *s, plan *p)
+static void make_plan(const cfbn_kernels *k, const cfbn_shape *s, plan *p)
 {
     memset(p, 0, sizeof *p);
     p->dtype = s->dtype;
@@ -170,10 +185,11 @@ static void make_plan(const cfbn_shape *s, plan *p)
         p->planes = cfbn_route_plane_order(p->S, p->N * p->C);
         return;
     }
-    /* Channels-last: widen the row to a multiple of 8 lanes where that stays
-     * small, so SIMD kernels see whole vectors and no per-row tail. */
-    int64_t C = p->C ? p->C : 1;
-    int64_t W = C / gcd64(C, 8) * 8;
+    /* Channels-last: widen the row to a multiple of the table's lanes where
+     * that stays small, so its vector loops see whole vectors and no per-row
+     * tail. */
+    int64_t C = p->C ? p->C : 1, lanes = k->lanes;
+    int64_t W = C / gcd64(C, lanes) * lanes;
     if (W > MAX_TILED_WIDTH) W = C;
     if (W < 64) W *= (64 + W - 1) / W;
     int64_t total = s->outer * p->C;
@@ -771,18 +787,27 @@ static double channel_shift(const plan *p, const cfbn_shape *s, const void *x, i
  * dtype, which the compiler vectorizes) */
 static void add_row(double *restrict sum, const void *restrict x, int dt, int64_t C)
 {
-    if (dt == CFBN_F64) {
+    switch ((enum cfbn_dtype)dt) {
+    case CFBN_F64: {
         const double *v = x;
         for (int64_t c = 0; c < C; c++) sum[c] += v[c];
-    } else if (dt == CFBN_F32) {
+        break;
+    }
+    case CFBN_F32: {
         const float *v = x;
         for (int64_t c = 0; c < C; c++) sum[c] += (double)v[c];
-    } else if (dt == CFBN_BF16) {
+        break;
+    }
+    case CFBN_BF16: {
         const uint16_t *v = x;
         for (int64_t c = 0; c < C; c++) sum[c] += (double)cfbn_bf16_to_float(v[c]);
-    } else {
+        break;
+    }
+    case CFBN_F16: {
         const uint16_t *v = x;
         for (int64_t c = 0; c < C; c++) sum[c] += (double)cfbn_half_to_float(v[c]);
+        break;
+    }
     }
 }
 
@@ -800,7 +825,7 @@ static double *make_shift(const plan *p, const cfbn_shape *s, const void *x, int
         for (int64_t c = 0; c < p->C; c++) shift[c] = channel_shift(p, s, x, c);
     } else {
         int64_t k = s->outer < SHIFT_SAMPLE ? s->outer : SHIFT_SAMPLE;
-        size_t es = p->dtype == CFBN_F64 ? 8 : p->dtype == CFBN_F32 ? 4 : 2;
+        size_t es = cfbn_storage_size(p->dtype);
         for (int64_t c = 0; c < p->C; c++) shift[c] = 0.0;
         for (int64_t i = 0; i < k; i++) add_row(shift, (const char *)x + (size_t)(i * p->C) * es, p->dtype, p->C);
         for (int64_t c = 0; c < p->C; c++) shift[c] = finish_shift(p, shift[c], k);
@@ -894,7 +919,7 @@ int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
                           void *saved_mean, void *saved_variance, const cfbn_fusion *fusion)
 {
     plan p;
-    make_plan(s, &p);
+    make_plan(k, s, &p);
     int nt = thread_count(s);
     fwd_args a = { scale, offset, mean, variance, epsilon, factor,
                    batch_mean, batch_variance, saved_mean, saved_variance };
@@ -937,7 +962,7 @@ static int apply_with_stats(const cfbn_kernels *k, const cfbn_shape *s, const vo
                             double epsilon, void *y, const cfbn_fusion *fusion)
 {
     plan p;
-    make_plan(s, &p);
+    make_plan(k, s, &p);
     params pp;
     if (params_init(&pp, s->dtype, param_len(&p, s->layout), P_APPLY_COUNT) < 0) return -1;
     pp.stream = stream_output(s, fusion && fusion->side ? 3 : 2, 0);
@@ -980,7 +1005,7 @@ int cfbn_forward_inference(const cfbn_kernels *k, const cfbn_shape *s,
 int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x, double *mean, double *m2)
 {
     plan p;
-    make_plan(s, &p);
+    make_plan(k, s, &p);
     params pp;
     if (params_init(&pp, s->dtype, param_len(&p, s->layout), P_APPLY_COUNT) < 0) return -1;
     double *shift = make_shift(&p, s, x, 1);
@@ -1070,7 +1095,7 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
                         const void *dy, const void *x, void *dx, const cfbn_fusion *fusion)
 {
     plan p;
-    make_plan(s, &p);
+    make_plan(k, s, &p);
     int nt = thread_count(s);
     params pp, ip;
     int rc = -1;
@@ -1178,7 +1203,7 @@ int cfbn_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, 
                     const double *sum_dy, const double *sum_dy_xhat, double count, void *dx)
 {
     plan p;
-    make_plan(s, &p);
+    make_plan(k, s, &p);
     params pp;
     if (params_init(&pp, s->dtype, param_len(&p, s->layout), G_COUNT) < 0) return -1;
     pp.stream = stream_output(s, 3, 1);
@@ -1312,7 +1337,7 @@ int cfbn_backward_backward(const cfbn_kernels *k, const cfbn_shape *s, int train
                            void *ddy, void *dx, void *scale_backprop)
 {
     plan p;
-    make_plan(s, &p);
+    make_plan(k, s, &p);
     gg_args a = { training, scale, saved_variance, ggscale, ggoffset, epsilon, scale_backprop };
     if (!ggx) return gg_without_ggx(k, s, &p, &a, dy, x, saved_mean, ddy, dx);
     int nt = thread_count(s);

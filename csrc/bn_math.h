@@ -284,7 +284,8 @@ CFBN_INLINE void cfbn_grad_grad_params(int training, long long n, double gamma, 
 
 /* ---- fused activation and side input ----
  *
- * The activations, switching on enum cfbn_activation, which must be declared
+ * The activations, switching on enum cfbn_activation (a case for each
+ * member, no default: a code outside the enum gives NaN), which must be declared
  * before this header: cfbn.h in C (bn_act.h includes both), the first lines
  * of the CuPy preamble in CUDA (cfbn._gpu writes them from the codes that
  * cfbn._api passes to both targets).
@@ -299,7 +300,8 @@ CFBN_INLINE void cfbn_grad_grad_params(int training, long long n, double gamma, 
 
 CFBN_INLINE float cfbn_act_f32(int kind, float v, float alpha)
 {
-    switch (kind) {
+    switch ((enum cfbn_activation)kind) {
+    case CFBN_ACT_NONE: return v;
     case CFBN_ACT_RELU: return v < 0.0f ? 0.0f : v;
     case CFBN_ACT_RELU6: return v < 0.0f ? 0.0f : (v > 6.0f ? 6.0f : v);
     case CFBN_ACT_LEAKY_RELU: return v < 0.0f ? alpha * v : v;
@@ -308,14 +310,15 @@ CFBN_INLINE float cfbn_act_f32(int kind, float v, float alpha)
     case CFBN_ACT_SIGMOID: return 1.0f / (1.0f + expf(-v));
     case CFBN_ACT_TANH: return tanhf(v);
     case CFBN_ACT_SILU: return v / (1.0f + expf(-v));
-    default: return v;
     }
+    return (float)CFBN_NAN_D;   /* a code outside the enum */
 }
 
 /* d act / d v */
 CFBN_INLINE float cfbn_act_grad_f32(int kind, float v, float alpha)
 {
-    switch (kind) {
+    switch ((enum cfbn_activation)kind) {
+    case CFBN_ACT_NONE: return 1.0f;
     case CFBN_ACT_RELU: return v > 0.0f ? 1.0f : (v <= 0.0f ? 0.0f : v);
     case CFBN_ACT_RELU6: return (v > 0.0f && v < 6.0f) ? 1.0f : (v == v ? 0.0f : v);
     case CFBN_ACT_LEAKY_RELU: return v > 0.0f ? 1.0f : (v <= 0.0f ? alpha : v);
@@ -332,13 +335,14 @@ CFBN_INLINE float cfbn_act_grad_f32(int kind, float v, float alpha)
         float s = 1.0f / (1.0f + expf(-v));
         return s * (1.0f + v * (1.0f - s));
     }
-    default: return 1.0f;
     }
+    return (float)CFBN_NAN_D;   /* a code outside the enum */
 }
 
 CFBN_INLINE double cfbn_act_f64(int kind, double v, double alpha)
 {
-    switch (kind) {
+    switch ((enum cfbn_activation)kind) {
+    case CFBN_ACT_NONE: return v;
     case CFBN_ACT_RELU: return v < 0.0 ? 0.0 : v;
     case CFBN_ACT_RELU6: return v < 0.0 ? 0.0 : (v > 6.0 ? 6.0 : v);
     case CFBN_ACT_LEAKY_RELU: return v < 0.0 ? alpha * v : v;
@@ -346,13 +350,14 @@ CFBN_INLINE double cfbn_act_f64(int kind, double v, double alpha)
     case CFBN_ACT_SIGMOID: return 1.0 / (1.0 + exp(-v));
     case CFBN_ACT_TANH: return tanh(v);
     case CFBN_ACT_SILU: return v / (1.0 + exp(-v));
-    default: return v;
     }
+    return CFBN_NAN_D;   /* a code outside the enum */
 }
 
 CFBN_INLINE double cfbn_act_grad_f64(int kind, double v, double alpha)
 {
-    switch (kind) {
+    switch ((enum cfbn_activation)kind) {
+    case CFBN_ACT_NONE: return 1.0;
     case CFBN_ACT_RELU: return v > 0.0 ? 1.0 : (v <= 0.0 ? 0.0 : v);
     case CFBN_ACT_RELU6: return (v > 0.0 && v < 6.0) ? 1.0 : (v == v ? 0.0 : v);
     case CFBN_ACT_LEAKY_RELU: return v > 0.0 ? 1.0 : (v <= 0.0 ? alpha : v);
@@ -369,8 +374,8 @@ CFBN_INLINE double cfbn_act_grad_f64(int kind, double v, double alpha)
         double s = 1.0 / (1.0 + exp(-v));
         return s * (1.0 + v * (1.0 - s));
     }
-    default: return 1.0;
     }
+    return CFBN_NAN_D;   /* a code outside the enum */
 }
 
 /* y = act(normalize(x) + side).  The side input is added only when there is

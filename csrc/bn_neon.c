@@ -65,18 +65,16 @@ INLINE float32x4_t widen_h(uint16x4_t h, int dt)
     return vcvt_f32_f16(vreinterpret_f16_u16(h));
 }
 
-/* 4 floats -> 4 halfwords, to nearest even.  bfloat16: add 0x7fff plus the
- * kept lsb and drop the low half (a carry rounds up into the exponent, to
- * inf past the largest finite value); nan is made quiet instead, so that
- * rounding never turns it into inf. */
+/* 4 floats -> 4 halfwords, to nearest even.  bfloat16: storage.h's rule
+ * (cfbn_bf16_round_bits, NaN made quiet) on 4 lanes. */
 INLINE uint16x4_t narrow_h(float32x4_t v, int dt)
 {
     if (dt != CFBN_BF16) return vreinterpret_u16_f16(vcvt_f16_f32(v));
     uint32x4_t b = vreinterpretq_u32_f32(v);
     uint32x4_t lsb = vandq_u32(vshrq_n_u32(b, 16), vdupq_n_u32(1));
-    uint32x4_t r = vaddq_u32(b, vaddq_u32(lsb, vdupq_n_u32(0x7fff)));
+    uint32x4_t r = vaddq_u32(b, vaddq_u32(lsb, vdupq_n_u32(CFBN_BF16_ROUND_HALF)));
     uint32x4_t num = vceqq_f32(v, v);
-    r = vbslq_u32(num, r, vorrq_u32(b, vdupq_n_u32(0x400000)));
+    r = vbslq_u32(num, r, vorrq_u32(b, vdupq_n_u32(CFBN_BF16_QUIET)));
     return vshrn_n_u32(r, 16);
 }
 
@@ -616,7 +614,8 @@ INLINE float32x4_t tanh_s(float32x4_t v)
 INLINE float32x4_t act_s(float32x4_t v, int kind, float32x4_t al)
 {
     const float32x4_t zero = vdupq_n_f32(0.0f), one = vdupq_n_f32(1.0f);
-    switch (kind) {
+    switch ((enum cfbn_activation)kind) {
+    case CFBN_ACT_NONE: return v;
     case CFBN_ACT_RELU: return vmaxq_f32(v, zero);
     case CFBN_ACT_RELU6: return vminq_f32(vmaxq_f32(v, zero), vdupq_n_f32(6.0f));
     case CFBN_ACT_LEAKY_RELU: return vbslq_f32(vcltq_f32(v, zero), vmulq_f32(al, v), v);
@@ -624,8 +623,8 @@ INLINE float32x4_t act_s(float32x4_t v, int kind, float32x4_t al)
     case CFBN_ACT_SIGMOID: return sigmoid_s(v);
     case CFBN_ACT_TANH: return tanh_s(v);
     case CFBN_ACT_SILU: return vdivq_f32(v, vaddq_f32(one, exp_s(vnegq_f32(v))));
-    default: return v;
     }
+    return vdupq_n_f32(NAN);   /* a code outside the enum */
 }
 
 /* d act / d v; a NaN v gives NaN (lanes where v != v are set to v) */
@@ -634,7 +633,8 @@ INLINE float32x4_t act_grad_s(float32x4_t v, int kind, float32x4_t al)
     const float32x4_t zero = vdupq_n_f32(0.0f), one = vdupq_n_f32(1.0f);
     uint32x4_t num = vceqq_f32(v, v);
     uint32x4_t pos = vcgtq_f32(v, zero);
-    switch (kind) {
+    switch ((enum cfbn_activation)kind) {
+    case CFBN_ACT_NONE: return one;
     case CFBN_ACT_RELU: return vbslq_f32(num, vbslq_f32(pos, one, zero), v);
     case CFBN_ACT_RELU6: {
         uint32x4_t in = vandq_u32(pos, vcltq_f32(v, vdupq_n_f32(6.0f)));
@@ -654,8 +654,8 @@ INLINE float32x4_t act_grad_s(float32x4_t v, int kind, float32x4_t al)
         float32x4_t s = sigmoid_s(v);
         return vmulq_f32(s, vfmaq_f32(one, v, vsubq_f32(one, s)));
     }
-    default: return one;
     }
+    return vdupq_n_f32(NAN);   /* a code outside the enum */
 }
 
 /* ---- fused activation and side input in one pass (f32, f16 and bf16 tensors) ----
@@ -1861,6 +1861,7 @@ static void ggapply_rows_f64(const void *dy_, const void *x_, const void *ggx_, 
 
 const cfbn_kernels cfbn_kernels_neon = {
     .name = "neon",
+    .lanes = 4,
     .f32 = { CFBN_FLOAT_TABLE(f32), CFBN_GG_TABLE(f32) },
     .f64 = {
         stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,

@@ -146,17 +146,38 @@ int cfbn_route_per_channel(int64_t pieces, int planes, int64_t slice, int64_t C,
  *   relu with a side input (8,32,32,32) NHWC 2.26 -> 1.72 / 2.19 -> 1.62;
  *   but streamed, (32,56,56,64) NCHW: silu 2.17 -> 2.90 / 2.37 -> 3.33,
  *   relu with a side input 1.87 -> 2.47 / 1.82 -> 2.41. */
+static int act_grad_is_compare(int act)
+{
+    switch ((enum cfbn_activation)act) {
+    case CFBN_ACT_NONE:
+    case CFBN_ACT_RELU:
+    case CFBN_ACT_RELU6:
+    case CFBN_ACT_LEAKY_RELU: return 1;
+    case CFBN_ACT_ELU:
+    case CFBN_ACT_SIGMOID:
+    case CFBN_ACT_TANH:
+    case CFBN_ACT_SILU: return 0;
+    }
+    return 0;
+}
+
 int cfbn_route_store_g(int dtype, int act, int side_grad, int stream)
 {
     if (dtype != CFBN_F32 || act == CFBN_ACT_NONE || stream) return 0;
-    return side_grad || !(act == CFBN_ACT_RELU || act == CFBN_ACT_RELU6 || act == CFBN_ACT_LEAKY_RELU);
+    return side_grad || !act_grad_is_compare(act);
 }
 
 /* ---- tables ---- */
 
 const cfbn_float_kernels *cfbn_route_float_table(const cfbn_kernels *k, int dtype)
 {
-    return dtype == CFBN_F16 ? &k->f16 : dtype == CFBN_BF16 ? &k->bf16 : &k->f32;
+    switch ((enum cfbn_dtype)dtype) {
+    case CFBN_F32: return &k->f32;
+    case CFBN_F16: return &k->f16;
+    case CFBN_BF16: return &k->bf16;
+    case CFBN_F64: break;   /* k->f64, a cfbn_double_kernels */
+    }
+    return NULL;
 }
 
 

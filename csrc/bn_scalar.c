@@ -468,6 +468,7 @@ static void ggapply_rows_f64(const void *dy, const void *x, const void *ggx, voi
 
 const cfbn_kernels cfbn_kernels_scalar = {
     .name = "scalar",
+    .lanes = 1,
     .f32 = { CFBN_FLOAT_TABLE(f32), CFBN_GG_TABLE(f32) },
     .f64 = {
         stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,

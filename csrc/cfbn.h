@@ -37,12 +37,20 @@ extern "C" {
 #endif
 
 /* Tensor dtypes.  f16 and bf16 tensors are 2-byte storage computed in float
- * with float per-channel vectors, as f32 tensors. */
+ * with float per-channel vectors, as f32 tensors.  This is the one list of
+ * storage types: code that depends on the type switches on this enum with no
+ * `default:` (setup.py and tests/c/run.sh compile with -Werror=switch), so a
+ * new member is a compile error at every place that must learn it
+ * (csrc/README.md, "Adding a dtype"). */
 enum cfbn_dtype { CFBN_F32 = 0, CFBN_F64 = 1, CFBN_F16 = 2, CFBN_BF16 = 3 };
 enum cfbn_layout { CFBN_CHANNELS_LAST = 0, CFBN_CHANNELS_FIRST = 1 };
 enum cfbn_isa { CFBN_ISA_SCALAR = 0, CFBN_ISA_AVX2 = 1, CFBN_ISA_NEON = 2, CFBN_ISA_COUNT = 3 };
 
-/* A fused activation: y = act(pre-activation).  Derivatives at the kinks
+/* A fused activation: y = act(pre-activation).  The one list of activations:
+ * every switch on it has a case per member and no `default:` (-Werror=switch
+ * makes a missing case a compile error), and cfbn_act_name gives each its
+ * Python name, which cfbn._kernels checks against cfbn._args.ACTIVATIONS at
+ * import (a mismatch raises).  Derivatives at the kinks
  * follow TensorFlow and PyTorch: relu'(0) = relu6'(0) = relu6'(6) = 0,
  * leaky_relu'(0) = alpha, elu'(0) = alpha (PyTorch's x <= 0 branch).  A NaN
  * pre-activation gives a NaN value and a NaN derivative. */
@@ -54,9 +62,13 @@ enum cfbn_activation {
     CFBN_ACT_ELU = 4,         /* v > 0 ? v : alpha * (exp(v) - 1) */
     CFBN_ACT_SIGMOID = 5,     /* 1 / (1 + exp(-v)) */
     CFBN_ACT_TANH = 6,
-    CFBN_ACT_SILU = 7,        /* v * sigmoid(v) */
-    CFBN_ACT_COUNT = 8
+    CFBN_ACT_SILU = 7         /* v * sigmoid(v) */
 };
+#define CFBN_ACT_COUNT (CFBN_ACT_SILU + 1)
+
+/* The name cfbn's Python API gives activation code `act` ("none" for
+ * CFBN_ACT_NONE), or NULL for a code outside the enum. */
+const char *cfbn_act_name(int act);
 
 /* Per-channel (or per-column) parameters of the normalization pass:
  *   y = act(((x - mhi) - mlo) * alpha + beta + side)
@@ -301,6 +313,11 @@ typedef struct {
  * (bn_entries.h makes its entries from them). */
 typedef struct cfbn_kernels {
     const char *name;
+    /* Floats its rows loops take at a time (one vector: 8 for AVX2, 4 for
+     * NEON, 1 for the scalar loops).  The driver widens channels-last rows
+     * to a multiple of it, so that those loops see whole vectors and no
+     * per-row tail; a table must set it (kernel_check tests that it does). */
+    int lanes;
     cfbn_float_kernels f32;
     cfbn_double_kernels f64;
     cfbn_float_kernels f16;

@@ -17,14 +17,21 @@
 #endif
 #endif
 
-#if defined(CFBN_X86) && defined(CFBN_HAVE_AVX2)
+/* ---- CPU and OS checks, one per ISA (0 where the ISA is not compiled) ---- */
+
+static int scalar_ok(void)
+{
+    return 1;
+}
+
 /* AVX2 needs three things: the CPU has the instructions (cpuid), the OS
  * saves YMM registers on context switches (OSXSAVE, then XCR0 bits 1 and 2
  * via xgetbv), and the companions our AVX2 file is compiled with (FMA, F16C).
  * A CPU can report AVX2 while the OS has YMM state disabled; running AVX
  * code then faults. */
-static int x86_has_avx2_fma_f16c(void)
+static int avx2_ok(void)
 {
+#if defined(CFBN_X86) && defined(CFBN_HAVE_AVX2)
     unsigned eax, ebx, ecx, edx;
     if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
     int osxsave = (ecx >> 27) & 1, avx = (ecx >> 28) & 1, fma = (ecx >> 12) & 1, f16c = (ecx >> 29) & 1;
@@ -36,74 +43,84 @@ static int x86_has_avx2_fma_f16c(void)
     if (__get_cpuid_max(0, NULL) < 7) return 0;
     __cpuid_count(7, 0, eax, ebx, ecx, edx);
     return (ebx >> 5) & 1;
-}
+#else
+    return 0;
 #endif
+}
+
+static int neon_ok(void)
+{
+#if defined(CFBN_HAVE_NEON) && defined(__linux__)
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0;
+#elif defined(CFBN_HAVE_NEON)
+    return 1;   /* Advanced SIMD is part of every AArch64 CPU */
+#else
+    return 0;
+#endif
+}
+
+#if defined(CFBN_HAVE_AVX2)
+#define AVX2_TABLE (&cfbn_kernels_avx2)
+#else
+#define AVX2_TABLE NULL
+#endif
+#if defined(CFBN_HAVE_NEON)
+#define NEON_TABLE (&cfbn_kernels_neon)
+#else
+#define NEON_TABLE NULL
+#endif
+
+/* ---- the ISAs, best first: the first one this CPU and OS run is the default ---- */
+
+typedef struct {
+    int isa;                       /* enum cfbn_isa */
+    const char *name;              /* as CFBN_FORCE_ISA spells it */
+    int (*cpu_ok)(void);           /* the CPU has it and the OS saves its registers */
+    const cfbn_kernels *table;     /* NULL where its file is not compiled in */
+} isa_row;
+
+static const isa_row isa_rows[] = {
+    { CFBN_ISA_AVX2, "avx2", avx2_ok, AVX2_TABLE },
+    { CFBN_ISA_NEON, "neon", neon_ok, NEON_TABLE },
+    { CFBN_ISA_SCALAR, "scalar", scalar_ok, &cfbn_kernels_scalar },
+};
+_Static_assert(sizeof isa_rows / sizeof isa_rows[0] == CFBN_ISA_COUNT, "one row per enum cfbn_isa");
+
+static const isa_row *row_of(int isa)
+{
+    for (size_t i = 0; i < CFBN_ISA_COUNT; i++)
+        if (isa_rows[i].isa == isa) return &isa_rows[i];
+    return NULL;
+}
 
 const char *cfbn_isa_name(int isa)
 {
-    switch (isa) {
-    case CFBN_ISA_SCALAR: return "scalar";
-    case CFBN_ISA_AVX2: return "avx2";
-    case CFBN_ISA_NEON: return "neon";
-    default: return NULL;
-    }
+    const isa_row *r = row_of(isa);
+    return r ? r->name : NULL;
 }
 
 int cfbn_isa_compiled(int isa)
 {
-    switch (isa) {
-    case CFBN_ISA_SCALAR: return 1;
-#if defined(CFBN_HAVE_AVX2)
-    case CFBN_ISA_AVX2: return 1;
-#endif
-#if defined(CFBN_HAVE_NEON)
-    case CFBN_ISA_NEON: return 1;
-#endif
-    default: return 0;
-    }
+    const isa_row *r = row_of(isa);
+    return r && r->table;
 }
 
 int cfbn_isa_supported(int isa)
 {
-    if (!cfbn_isa_compiled(isa)) return 0;
-    switch (isa) {
-    case CFBN_ISA_SCALAR: return 1;
-#if defined(CFBN_HAVE_AVX2) && defined(CFBN_X86)
-    case CFBN_ISA_AVX2: return x86_has_avx2_fma_f16c();
-#endif
-#if defined(CFBN_HAVE_NEON)
-    case CFBN_ISA_NEON:
-#if defined(__linux__)
-        return (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0;
-#else
-        return 1;   /* Advanced SIMD is part of every AArch64 CPU */
-#endif
-#endif
-    default: return 0;
-    }
+    const isa_row *r = row_of(isa);
+    return r && r->table && r->cpu_ok();
 }
 
 int cfbn_isa_best(void)
 {
-    static const int best_first[] = { CFBN_ISA_AVX2, CFBN_ISA_NEON, CFBN_ISA_SCALAR };
-    for (size_t i = 0; i < sizeof best_first / sizeof best_first[0]; i++) {
-        if (cfbn_isa_supported(best_first[i])) return best_first[i];
-    }
+    for (size_t i = 0; i < CFBN_ISA_COUNT; i++)
+        if (isa_rows[i].table && isa_rows[i].cpu_ok()) return isa_rows[i].isa;
     return CFBN_ISA_SCALAR;
 }
 
 const cfbn_kernels *cfbn_isa_table(int isa)
 {
-    if (!cfbn_isa_supported(isa)) return NULL;
-    switch (isa) {
-#if defined(CFBN_HAVE_AVX2)
-    case CFBN_ISA_AVX2: return &cfbn_kernels_avx2;
-#endif
-#if defined(CFBN_HAVE_NEON)
-    case CFBN_ISA_NEON: return &cfbn_kernels_neon;
-#endif
-    default: return &cfbn_kernels_scalar;
-    }
+    return cfbn_isa_supported(isa) ? row_of(isa)->table : NULL;
 }
 
 /* One core's L2 cache in bytes, from Linux's description of cpu0's caches

@@ -5,6 +5,7 @@
 #ifndef CFBN_STORAGE_H
 #define CFBN_STORAGE_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -79,36 +80,66 @@ static inline float cfbn_bf16_to_float(uint16_t h)
     return f;
 }
 
-/* Round to nearest, ties to even (the carry out of the mantissa is the
- * exponent's increment, up to inf); nan stays nan, made quiet. */
+/* The bfloat16 rounding rule, which every ISA's narrowing follows bit for
+ * bit (vec_avx2.h: round_bf16, narrow_ph; bn_neon.c: narrow_h): to nearest,
+ * ties to even, by adding CFBN_BF16_ROUND_HALF plus the kept lsb (bit 16) to
+ * the float's bits and dropping the low half; the carry out of the mantissa
+ * is the exponent's increment, up to inf.  A NaN is not rounded (that could
+ * carry it into inf) but made quiet, CFBN_BF16_QUIET set.  Subnormals round
+ * like any other value (the native AVX-512 BF16 conversion flushes them
+ * instead, so it is not this rule). */
+#define CFBN_BF16_ROUND_HALF 0x7fffu
+#define CFBN_BF16_QUIET 0x400000u
+
+static inline uint32_t cfbn_bf16_round_bits(uint32_t bits)
+{
+    return bits + CFBN_BF16_ROUND_HALF + ((bits >> 16) & 1u);
+}
+
 static inline uint16_t cfbn_float_to_bf16(float f)
 {
     uint32_t bits;
     memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);
-    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits | CFBN_BF16_QUIET) >> 16);
+    return (uint16_t)(cfbn_bf16_round_bits(bits) >> 16);
 }
 
-/* Bytes per element of a tensor of dtype dt (enum cfbn_dtype). */
+/* Bytes per element of a tensor of dtype dt (enum cfbn_dtype); 0 for a
+ * code outside the enum. */
 static inline size_t cfbn_storage_size(int dt)
 {
-    return dt == CFBN_F64 ? 8 : dt == CFBN_F32 ? 4 : 2;
+    switch ((enum cfbn_dtype)dt) {
+    case CFBN_F32: return 4;
+    case CFBN_F64: return 8;
+    case CFBN_F16: return 2;
+    case CFBN_BF16: return 2;
+    }
+    return 0;
 }
 
-/* Element i of a float-compute tensor (f32, f16, bf16) as float, exactly. */
+/* Element i of a float-compute tensor (f32, f16, bf16) as float, exactly;
+ * NaN for float64 (a double-compute type: the callers read it as double). */
 static inline float cfbn_load_float(int dt, const void *p, int64_t i)
 {
-    if (dt == CFBN_F16) return cfbn_half_to_float(((const uint16_t *)p)[i]);
-    if (dt == CFBN_BF16) return cfbn_bf16_to_float(((const uint16_t *)p)[i]);
-    return ((const float *)p)[i];
+    switch ((enum cfbn_dtype)dt) {
+    case CFBN_F32: return ((const float *)p)[i];
+    case CFBN_F16: return cfbn_half_to_float(((const uint16_t *)p)[i]);
+    case CFBN_BF16: return cfbn_bf16_to_float(((const uint16_t *)p)[i]);
+    case CFBN_F64: break;
+    }
+    return (float)NAN;
 }
 
-/* Stores v as element i of a float-compute tensor, rounded to nearest even. */
+/* Stores v as element i of a float-compute tensor, rounded to nearest even
+ * (nothing for float64, which the callers store as double). */
 static inline void cfbn_store_float(int dt, void *p, int64_t i, float v)
 {
-    if (dt == CFBN_F16) ((uint16_t *)p)[i] = cfbn_float_to_half(v);
-    else if (dt == CFBN_BF16) ((uint16_t *)p)[i] = cfbn_float_to_bf16(v);
-    else ((float *)p)[i] = v;
+    switch ((enum cfbn_dtype)dt) {
+    case CFBN_F32: ((float *)p)[i] = v; break;
+    case CFBN_F16: ((uint16_t *)p)[i] = cfbn_float_to_half(v); break;
+    case CFBN_BF16: ((uint16_t *)p)[i] = cfbn_float_to_bf16(v); break;
+    case CFBN_F64: break;
+    }
 }
 
 #endif

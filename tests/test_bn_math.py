@@ -528,8 +528,8 @@ def test_preamble_enum_matches_cfbn_h():
         pytest.skip("csrc/cfbn.h is not next to the tests (an installed wheel)")
     with open(header) as f:
         body = re.search(r"enum cfbn_activation \{(.*?)\};", f.read(), re.S).group(1)
+    # CFBN_ACT_COUNT is a macro after the enum, not a member
     want = {name: int(code) for name, code in re.findall(r"(CFBN_ACT_\w+) = (\d+)", body)}
-    want.pop("CFBN_ACT_COUNT")
     got = {name: int(code) for name, code in
            re.findall(r"(CFBN_ACT_\w+) = (\d+)", _gpu.activation_enum())}
     assert got == want

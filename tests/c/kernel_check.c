@@ -385,6 +385,9 @@ static int stream_entries(const cfbn_kernels *k, int d)
 
 static void print_entries(const cfbn_kernels *k)
 {
+    /* the driver widens channels-last rows to a multiple of the table's lanes */
+    if (!tally(k->lanes >= 1 && k->lanes <= 64 && (k->lanes & (k->lanes - 1)) == 0))
+        printf("FAIL %s: lanes %d, not a power of two in [1, 64]\n", k->name, k->lanes);
     for (int d = 0; d < N_DTYPES; d++) {
         int runs, fused, gg;
         if (d == CFBN_F64) {

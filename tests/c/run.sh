@@ -1,6 +1,8 @@
 #!/bin/sh
 # Builds tests/c/kernel_check.c against the ISA kernel files and runs it:
 #   - on the host (x86_64: bn_avx2.c; aarch64: bn_neon.c);
+#   - tests/c/simd_lanes_check.c: the shared loops of bn_simd.c at several
+#     lane counts, against the scalar table;
 #   - on x86_64 hosts, also cross-built for aarch64 and run under qemu-user
 #     when aarch64-linux-gnu-gcc and qemu-aarch64 are installed
 #     (apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user).
@@ -38,6 +40,14 @@ aarch64|arm64)
     "$BUILD_DIR/kernel_check_scalar"
     ;;
 esac
+
+# The loops of bn_simd.c over a portable stand-in for an ISA header, at
+# lane counts this CPU may lack (2: NEON, 4: AVX2, 8: AVX-512 doubles).
+for lanes in 2 4 8 16; do
+    $CC $CFLAGS -DLANES=$lanes "$ROOT/tests/c/simd_lanes_check.c" "$ROOT/csrc/bn_scalar.c" "$ROOT/csrc/bn_route.c" \
+        -lm -o "$BUILD_DIR/simd_lanes_check_$lanes"
+    "$BUILD_DIR/simd_lanes_check_$lanes"
+done
 
 if [ "$host" != aarch64 ] && [ "$host" != arm64 ]; then
     if command -v "$CROSS_CC" >/dev/null 2>&1 && command -v "$QEMU" >/dev/null 2>&1; then
