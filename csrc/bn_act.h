@@ -2,7 +2,7 @@
  * tested against: cfbn_act_f32, cfbn_act_grad_f32, cfbn_act_f64 and
  * cfbn_act_grad_f64.  The formulas live in bn_math.h, whose C branch makes
  * them static inline (each file including this keeps a private copy, so an
- * ISA file compiles them with its own flags; see STYLE.md) and whose CUDA
+ * ISA file compiles them with its own flags; see docs/contributing.md) and whose CUDA
  * branch is the CuPy kernels' preamble: the CPU and the GPU run one
  * definition of each.  bn_math.h documents NaN propagation and the
  * derivatives at the kinks. */

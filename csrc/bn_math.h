@@ -237,7 +237,7 @@ CFBN_INLINE void cfbn_grad_params(int training, long long n, double gamma, doubl
 }
 
 /* Second-order gradient parameters of one channel (cfbn.h's cfbn_gg_*,
- * SPEC.md's formulas) from its five sums over n elements, with d = x - mean:
+ * docs/spec.md) from its five sums over n elements, with d = x - mean:
  * sum(g), sum(g * d), sum(q), sum(q * d), sum(q * g) (g = dy, q = ggx).
  * Outputs scale_backprop and k[0..7) = a1, b1, c1, a2, b2, c2, e2 of
  *   ddy = q * a1 + d * b1 + c1,  dx = g * a2 + q * b2 + d * c2 + e2.

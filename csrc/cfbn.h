@@ -394,7 +394,7 @@ int cfbn_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
                   const void *saved_mean, const void *saved_variance, double epsilon,
                   void *dx, void *scale_backprop, void *offset_backprop, const cfbn_fusion *fusion);
 
-/* The second-order gradient (SPEC.md): the derivatives of
+/* The second-order gradient (docs/spec.md): the derivatives of
  * sum(ggx * dx) + sum(ggscale * scale_backprop) + sum(ggoffset * offset_backprop)
  * of cfbn_backward's outputs with respect to dy, x and scale.  ggx, ggscale
  * and ggoffset may be NULL (zeros); saved_mean and saved_variance are the

@@ -2,7 +2,7 @@
  * of each storage type (whole, partial, non-temporal), float16 / bfloat16
  * widening and narrowing, masks, prefetch and horizontal sums.  Typed static
  * inline functions: included only by files compiled with -mavx2 -mfma
- * -mf16c (bn_avx2.c), each of which gets its own copy (see STYLE.md: a
+ * -mf16c (bn_avx2.c), each of which gets its own copy (see docs/contributing.md: a
  * helper with external linkage could run on a CPU without AVX2).
  *
  * Lane count: a vector is 8 floats; rows loops take 8 columns at a time

@@ -101,7 +101,7 @@ def test_no_reference_points_outside_the_repository():
     # the specification and the contributors' habits are pages of docs/
     pattern = re.compile(r"\b(SPEC|STYLE)\.md\b")
     hits = []
-    for folder in ("cfbn", "tests", "docs", "benchmarks", "tools"):
+    for folder in ("cfbn", "csrc", "tests", "docs", "benchmarks", "tools"):
         for path in (ROOT / folder).rglob("*"):
             if path.suffix in (".py", ".md", ".rst", ".c", ".h", ".pyx", ".sh") and \
                     path.resolve() != Path(__file__).resolve():
