@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "c_api.h"
+#include "cfbn.h"  /* CFBN_ACT_COUNT: the activation codes the kernels know */
 
 // The glibc and libstdc++ this library needs decide the wheels' manylinux
 // tag, so it asks for no more than cfbn's C core does (glibc 2.17):
@@ -206,6 +207,15 @@ OptTensor vector_in(const OptTensor &v, const Tensor &x, ScalarType vdt, const c
     return r.is_contiguous() ? r : torch::stable::contiguous(r);
 }
 
+// An activation code the kernels know: an unknown one would leave the output
+// unwritten (the C API does not check its arguments).
+void check_activation(int64_t activation, const char *op)
+{
+    STD_TORCH_CHECK(activation >= 0 && activation < CFBN_ACT_COUNT, op,
+                    ": activation: expected a code in [0, ", CFBN_ACT_COUNT, "), got ",
+                    activation);
+}
+
 // Another tensor of x's shape and dtype (side input, gradients), laid out as `kind`.
 OptTensor like_input(const OptTensor &t, const Tensor &x, Kind kind, const char *op,
                      const char *name)
@@ -304,6 +314,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> batch_norm(
     STD_TORCH_CHECK(training || mean.has_value(), op,
                     ": running_mean, running_var: required when not training");
     STD_TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps: expected a finite value >= 0");
+    check_activation(activation, op);
     OptTensor side = like_input(side_input, x, kind, op, "side_input");
     bool update = training && mean.has_value();
     double factor = update ? factor_of(momentum, num_batches_tracked) : 0.0;
@@ -410,6 +421,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_backward(
     Kind kind = g.kind;
     ScalarType vdt = g.vdt;
     OptTensor offset = vector_in(bias, x, vdt, op, "bias");
+    check_activation(activation, op);
     OptTensor side = like_input(side_input, x, kind, op, "side_input");
     Tensor dx = output(x, kind);
     Tensor dside = side.has_value() ? output(x, kind)

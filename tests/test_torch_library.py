@@ -78,6 +78,13 @@ def test_a_direct_operator_call_with_bad_arguments_raises():
                                 0.0, None)
     with pytest.raises(RuntimeError, match="side_input"):
         ops.batch_norm(x, None, None, None, None, None, True, 0.1, 1e-5, 0, 0.0, x[:, :2])
+    # an unknown activation code would leave the output unwritten
+    for code in (-1, 8, 99):
+        with pytest.raises(RuntimeError, match="activation: expected a code"):
+            ops.batch_norm(x, None, None, None, None, None, True, 0.1, 1e-5, code, 0.0, None)
+        with pytest.raises(RuntimeError, match="activation: expected a code"):
+            ops.batch_norm_backward(x, x, None, None, torch.zeros(3), torch.ones(3), True, 1e-5,
+                                    code, 0.0, None)
 
 
 def _inputs(shape, dtype, memory, seed):
