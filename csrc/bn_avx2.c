@@ -38,60 +38,60 @@
 
 /* Double sums for 8 float lanes: s1 = sum d or sum dy, s2 = sum d^2 or sum dy*d. */
 typedef struct {
-    __m256d s1lo, s1hi, s2lo, s2hi;
+    vd s1lo, s1hi, s2lo, s2hi;
 } acc8;
 
 INLINE acc8 acc8_zero(void)
 {
-    acc8 a = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    acc8 a = {vd_zero(), vd_zero(), vd_zero(), vd_zero()};
     return a;
 }
 
 INLINE acc8 acc8_load(const double *s1, const double *s2)
 {
-    acc8 a = {_mm256_loadu_pd(s1), _mm256_loadu_pd(s1 + 4), _mm256_loadu_pd(s2), _mm256_loadu_pd(s2 + 4)};
+    acc8 a = {vd_load(s1), vd_load(s1 + 4), vd_load(s2), vd_load(s2 + 4)};
     return a;
 }
 
 INLINE void acc8_store(const acc8 *a, double *s1, double *s2)
 {
-    _mm256_storeu_pd(s1, a->s1lo);
-    _mm256_storeu_pd(s1 + 4, a->s1hi);
-    _mm256_storeu_pd(s2, a->s2lo);
-    _mm256_storeu_pd(s2 + 4, a->s2hi);
+    vd_store(s1, a->s1lo);
+    vd_store(s1 + 4, a->s1hi);
+    vd_store(s2, a->s2lo);
+    vd_store(s2 + 4, a->s2hi);
 }
 
 /* Stores lanes [0, cnt) of a into s1[], s2[]. */
 INLINE void acc8_store_part(const acc8 *a, double *s1, double *s2, int64_t cnt)
 {
-    __m256i mlo = mask_pd(cnt);
-    _mm256_maskstore_pd(s1, mlo, a->s1lo);
-    _mm256_maskstore_pd(s2, mlo, a->s2lo);
+    __m256i mlo = vd_mask_first(cnt);
+    vd_store_part(s1, mlo, a->s1lo);
+    vd_store_part(s2, mlo, a->s2lo);
     if (cnt > 4) {
-        __m256i mhi = mask_pd(cnt - 4);
-        _mm256_maskstore_pd(s1 + 4, mhi, a->s1hi);
-        _mm256_maskstore_pd(s2 + 4, mhi, a->s2hi);
+        __m256i mhi = vd_mask_first(cnt - 4);
+        vd_store_part(s1 + 4, mhi, a->s1hi);
+        vd_store_part(s2 + 4, mhi, a->s2hi);
     }
 }
 
 /* The shift is subtracted in double: x - shift is exact there for any float
  * x near the shift, which keeps sum d^2 free of cancellation. */
-INLINE void stats_step(acc8 *a, __m256d xlo, __m256d xhi, __m256d shlo, __m256d shhi)
+INLINE void stats_step(acc8 *a, vd xlo, vd xhi, vd shlo, vd shhi)
 {
-    __m256d dlo = _mm256_sub_pd(xlo, shlo), dhi = _mm256_sub_pd(xhi, shhi);
-    a->s1lo = _mm256_add_pd(a->s1lo, dlo);
-    a->s1hi = _mm256_add_pd(a->s1hi, dhi);
-    a->s2lo = _mm256_fmadd_pd(dlo, dlo, a->s2lo);
-    a->s2hi = _mm256_fmadd_pd(dhi, dhi, a->s2hi);
+    vd dlo = vd_sub(xlo, shlo), dhi = vd_sub(xhi, shhi);
+    a->s1lo = vd_add(a->s1lo, dlo);
+    a->s1hi = vd_add(a->s1hi, dhi);
+    a->s2lo = vd_fma(dlo, dlo, a->s2lo);
+    a->s2hi = vd_fma(dhi, dhi, a->s2hi);
 }
 
-INLINE void gstats_step(acc8 *a, __m256 g, __m256 d)
+INLINE void gstats_step(acc8 *a, vf g, vf d)
 {
-    __m256d glo = lo_pd(g), ghi = hi_pd(g);
-    a->s1lo = _mm256_add_pd(a->s1lo, glo);
-    a->s1hi = _mm256_add_pd(a->s1hi, ghi);
-    a->s2lo = _mm256_fmadd_pd(glo, lo_pd(d), a->s2lo);
-    a->s2hi = _mm256_fmadd_pd(ghi, hi_pd(d), a->s2hi);
+    vd glo = vf_lo_pd(g), ghi = vf_hi_pd(g);
+    a->s1lo = vd_add(a->s1lo, glo);
+    a->s1hi = vd_add(a->s1hi, ghi);
+    a->s2lo = vd_fma(glo, vf_lo_pd(d), a->s2lo);
+    a->s2hi = vd_fma(ghi, vf_hi_pd(d), a->s2hi);
 }
 
 /* a - b as a fused multiply-add, a * 1 - b: the same single rounding, so the
@@ -99,49 +99,49 @@ INLINE void gstats_step(acc8 *a, __m256 g, __m256 d)
  * units busy with their additions; a subtraction moved off them lets the
  * two kinds of unit share the work (measured on AVX2 Zen 4: rows and run
  * statistics, run apply). */
-INLINE __m256 sub_ps(__m256 a, __m256 b)
+INLINE vf sub_ps(vf a, vf b)
 {
-    return _mm256_fmsub_ps(a, _mm256_set1_ps(1.0f), b);
+    return vf_fms(a, vf_set1(1.0f), b);
 }
 
 /* Two subtractions in this order: x - mhi is exact when x is near the mean
  * (Sterbenz), so a mean much larger than the spread loses nothing. */
-INLINE __m256 centered_ps(__m256 x, __m256 mhi, __m256 mlo)
+INLINE vf centered_ps(vf x, vf mhi, vf mlo)
 {
     return sub_ps(sub_ps(x, mhi), mlo);
 }
 
-INLINE __m256 apply_ps(__m256 x, __m256 mhi, __m256 mlo, __m256 al, __m256 be)
+INLINE vf apply_ps(vf x, vf mhi, vf mlo, vf al, vf be)
 {
-    return _mm256_fmadd_ps(centered_ps(x, mhi, mlo), al, be);
+    return vf_fma(centered_ps(x, mhi, mlo), al, be);
 }
 
-INLINE __m256 gapply_ps(__m256 g, __m256 x, __m256 mhi, __m256 mlo, __m256 a, __m256 b, __m256 c)
+INLINE vf gapply_ps(vf g, vf x, vf mhi, vf mlo, vf a, vf b, vf c)
 {
-    return _mm256_fmadd_ps(g, a, _mm256_fmadd_ps(centered_ps(x, mhi, mlo), b, c));
+    return vf_fma(g, a, vf_fma(centered_ps(x, mhi, mlo), b, c));
 }
 
 /* apply_ps and gapply_ps with parameters in eo_params's layout: the group
  * at q, h = 0 for the even lanes and 8 for the odd ones */
-INLINE __m256 apply_eo_ps(__m256 x, const float *q, int h)
+INLINE vf apply_eo_ps(vf x, const float *q, int h)
 {
-    return apply_ps(x, _mm256_loadu_ps(q + h), _mm256_loadu_ps(q + 16 + h), _mm256_loadu_ps(q + 32 + h),
-                    _mm256_loadu_ps(q + 48 + h));
+    return apply_ps(x, vf_load(q + h), vf_load(q + 16 + h), vf_load(q + 32 + h),
+                    vf_load(q + 48 + h));
 }
 
-INLINE __m256 gapply_eo_ps(__m256 g, __m256 x, const float *q, int h)
+INLINE vf gapply_eo_ps(vf g, vf x, const float *q, int h)
 {
-    return gapply_ps(g, x, _mm256_loadu_ps(q + h), _mm256_loadu_ps(q + 16 + h), _mm256_loadu_ps(q + 32 + h),
-                     _mm256_loadu_ps(q + 48 + h), _mm256_loadu_ps(q + 64 + h));
+    return gapply_ps(g, x, vf_load(q + h), vf_load(q + 16 + h), vf_load(q + 32 + h),
+                     vf_load(q + 48 + h), vf_load(q + 64 + h));
 }
 
 /* Stores the 32 elements h0, h1 at y[i..]: regular stores, or (nt)
- * non-temporal ones as st16_nt_seq's */
+ * non-temporal ones as vh_stream_seq's */
 INLINE void st32_eo_seq(void *y, int64_t i, __m256i h0, __m256i h1, int nt, int half, __m256i *prev)
 {
     if (nt) {
-        st16_nt_seq(y, i, h0, half, prev);
-        st16_nt_seq(y, i + 16, h1, half, prev);
+        vh_stream_seq(y, i, h0, half, prev);
+        vh_stream_seq(y, i + 16, h1, half, prev);
         return;
     }
     _mm256_storeu_si256((__m256i *)((uint16_t *)y + i), h0);
@@ -151,7 +151,7 @@ INLINE void st32_eo_seq(void *y, int64_t i, __m256i h0, __m256i h1, int nt, int 
 /* bfloat16 rows as eo_rows allows, row by row with one pointer through the
  * parameters; widths of a multiple of 32 take two groups at a time with one
  * NaN test.  nt: non-temporal stores (rows 16-byte aligned) as
- * st16_nt_seq's, the inputs prefetched once a line. */
+ * vh_stream_seq's, the inputs prefetched once a line. */
 INLINE void apply_rows_eo(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int nt)
 {
     float q[4 * EO_MAX_W];
@@ -164,28 +164,28 @@ INLINE void apply_rows_eo(const void *x, void *y, int64_t rows, int64_t w, const
         const float *g = q;
         if (w % 32 == 0) {
             for (int64_t i = o; i < o + w; i += 32, g += 128) {
-                __m256 e0, o0, e1, o1;
+                vf e0, o0, e1, o1;
                 __m256i h0, h1;
                 if (nt) prefetch_ahead_of(x, i, CFBN_BF16);
-                ld16_eo(x, i, &e0, &o0);
-                ld16_eo(x, i + 16, &e1, &o1);
-                narrow32_eo(apply_eo_ps(e0, g, 0), apply_eo_ps(o0, g, 8), apply_eo_ps(e1, g + 64, 0),
+                vf_ld_eo(x, i, &e0, &o0);
+                vf_ld_eo(x, i + 16, &e1, &o1);
+                vh_narrow_eo2(apply_eo_ps(e0, g, 0), apply_eo_ps(o0, g, 8), apply_eo_ps(e1, g + 64, 0),
                             apply_eo_ps(o1, g + 64, 8), &h0, &h1);
                 st32_eo_seq(y, i, h0, h1, nt, half, &prev);
             }
             continue;
         }
         for (int64_t i = o; i < o + w; i += 16, g += 64) {
-            __m256 e, od;
+            vf e, od;
             if (nt && !(i & 31)) prefetch_ahead_of(x, i, CFBN_BF16);
-            ld16_eo(x, i, &e, &od);
+            vf_ld_eo(x, i, &e, &od);
             e = apply_eo_ps(e, g, 0);
             od = apply_eo_ps(od, g, 8);
-            if (nt) st16_nt_seq(y, i, narrow16_eo(e, od), half, &prev);
-            else st16_eo(y, i, e, od);
+            if (nt) vh_stream_seq(y, i, vh_narrow_eo(e, od), half, &prev);
+            else vf_st_eo(y, i, e, od);
         }
     }
-    if (nt) st16_nt_seq_end(y, rows * w, half, prev);
+    if (nt) vh_stream_seq_end(y, rows * w, half, prev);
 }
 
 INLINE void gapply_rows_eo(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
@@ -201,59 +201,59 @@ INLINE void gapply_rows_eo(const void *dy, const void *x, void *dx, int64_t rows
         const float *g = q;
         if (w % 32 == 0) {
             for (int64_t i = o; i < o + w; i += 32, g += 160) {
-                __m256 ge0, go0, xe0, xo0, ge1, go1, xe1, xo1;
+                vf ge0, go0, xe0, xo0, ge1, go1, xe1, xo1;
                 __m256i h0, h1;
                 if (nt) prefetch_ahead_of(dy, i, CFBN_BF16), prefetch_ahead_of(x, i, CFBN_BF16);
-                ld16_eo(dy, i, &ge0, &go0);
-                ld16_eo(x, i, &xe0, &xo0);
-                ld16_eo(dy, i + 16, &ge1, &go1);
-                ld16_eo(x, i + 16, &xe1, &xo1);
-                narrow32_eo(gapply_eo_ps(ge0, xe0, g, 0), gapply_eo_ps(go0, xo0, g, 8),
+                vf_ld_eo(dy, i, &ge0, &go0);
+                vf_ld_eo(x, i, &xe0, &xo0);
+                vf_ld_eo(dy, i + 16, &ge1, &go1);
+                vf_ld_eo(x, i + 16, &xe1, &xo1);
+                vh_narrow_eo2(gapply_eo_ps(ge0, xe0, g, 0), gapply_eo_ps(go0, xo0, g, 8),
                             gapply_eo_ps(ge1, xe1, g + 80, 0), gapply_eo_ps(go1, xo1, g + 80, 8), &h0, &h1);
                 st32_eo_seq(dx, i, h0, h1, nt, half, &prev);
             }
             continue;
         }
         for (int64_t i = o; i < o + w; i += 16, g += 80) {
-            __m256 ge, go, xe, xo;
+            vf ge, go, xe, xo;
             if (nt && !(i & 31)) prefetch_ahead_of(dy, i, CFBN_BF16), prefetch_ahead_of(x, i, CFBN_BF16);
-            ld16_eo(dy, i, &ge, &go);
-            ld16_eo(x, i, &xe, &xo);
+            vf_ld_eo(dy, i, &ge, &go);
+            vf_ld_eo(x, i, &xe, &xo);
             xe = gapply_eo_ps(ge, xe, g, 0);
             xo = gapply_eo_ps(go, xo, g, 8);
-            if (nt) st16_nt_seq(dx, i, narrow16_eo(xe, xo), half, &prev);
-            else st16_eo(dx, i, xe, xo);
+            if (nt) vh_stream_seq(dx, i, vh_narrow_eo(xe, xo), half, &prev);
+            else vf_st_eo(dx, i, xe, xo);
         }
     }
-    if (nt) st16_nt_seq_end(dx, rows * w, half, prev);
+    if (nt) vh_stream_seq_end(dx, rows * w, half, prev);
 }
 
 /* ---- pairwise sums of 8 vectors in float ---- */
 
-INLINE __m256 tree8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7)
+INLINE vf tree8(vf a0, vf a1, vf a2, vf a3, vf a4, vf a5, vf a6, vf a7)
 {
-    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                         _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+    return vf_add(vf_add(vf_add(a0, a1), vf_add(a2, a3)),
+                         vf_add(vf_add(a4, a5), vf_add(a6, a7)));
 }
 
 /* sum of squares of 8 vectors, pairwise */
-INLINE __m256 sq_tree8(__m256 d0, __m256 d1, __m256 d2, __m256 d3, __m256 d4, __m256 d5, __m256 d6, __m256 d7)
+INLINE vf sq_tree8(vf d0, vf d1, vf d2, vf d3, vf d4, vf d5, vf d6, vf d7)
 {
-    __m256 q01 = _mm256_fmadd_ps(d1, d1, _mm256_mul_ps(d0, d0));
-    __m256 q23 = _mm256_fmadd_ps(d3, d3, _mm256_mul_ps(d2, d2));
-    __m256 q45 = _mm256_fmadd_ps(d5, d5, _mm256_mul_ps(d4, d4));
-    __m256 q67 = _mm256_fmadd_ps(d7, d7, _mm256_mul_ps(d6, d6));
-    return _mm256_add_ps(_mm256_add_ps(q01, q23), _mm256_add_ps(q45, q67));
+    vf q01 = vf_fma(d1, d1, vf_mul(d0, d0));
+    vf q23 = vf_fma(d3, d3, vf_mul(d2, d2));
+    vf q45 = vf_fma(d5, d5, vf_mul(d4, d4));
+    vf q67 = vf_fma(d7, d7, vf_mul(d6, d6));
+    return vf_add(vf_add(q01, q23), vf_add(q45, q67));
 }
 
 /* sum of products of 8 vector pairs, pairwise */
-INLINE __m256 dot_tree8(const __m256 *g, const __m256 *d)
+INLINE vf dot_tree8(const vf *g, const vf *d)
 {
-    __m256 p01 = _mm256_fmadd_ps(g[1], d[1], _mm256_mul_ps(g[0], d[0]));
-    __m256 p23 = _mm256_fmadd_ps(g[3], d[3], _mm256_mul_ps(g[2], d[2]));
-    __m256 p45 = _mm256_fmadd_ps(g[5], d[5], _mm256_mul_ps(g[4], d[4]));
-    __m256 p67 = _mm256_fmadd_ps(g[7], d[7], _mm256_mul_ps(g[6], d[6]));
-    return _mm256_add_ps(_mm256_add_ps(p01, p23), _mm256_add_ps(p45, p67));
+    vf p01 = vf_fma(g[1], d[1], vf_mul(g[0], d[0]));
+    vf p23 = vf_fma(g[3], d[3], vf_mul(g[2], d[2]));
+    vf p45 = vf_fma(g[5], d[5], vf_mul(g[4], d[4]));
+    vf p67 = vf_fma(g[7], d[7], vf_mul(g[6], d[6]));
+    return vf_add(vf_add(p01, p23), vf_add(p45, p67));
 }
 
 /* ---- float block sums that left float's range ----
@@ -306,11 +306,11 @@ INLINE int finite_f(float v) { return fabsf(v) <= FLT_MAX; }
  * finite, or |s2| < tiny (a superset of the lanes that need double).
  * s1 - s1 is 0, or NaN when s1 is not finite, which then fails the first
  * compare. */
-INLINE __m256d suspect_pd(__m256d s1, __m256d s2, __m256d tiny)
+INLINE vd suspect_pd(vd s1, vd s2, vd tiny)
 {
-    const __m256d mag = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffll));
-    __m256d t = _mm256_add_pd(_mm256_and_pd(s2, mag), _mm256_sub_pd(s1, s1));
-    return _mm256_or_pd(_mm256_cmp_pd(t, tiny, _CMP_NGE_UQ), _mm256_cmp_pd(t, _mm256_set1_pd(DBL_MAX), _CMP_GT_OQ));
+    const vd mag = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffll));
+    vd t = vd_add(_mm256_and_pd(s2, mag), vd_sub(s1, s1));
+    return _mm256_or_pd(_mm256_cmp_pd(t, tiny, _CMP_NGE_UQ), _mm256_cmp_pd(t, vd_set1(DBL_MAX), _CMP_GT_OQ));
 }
 
 /* Whether any of w columns (a multiple of 4), with sums acc[j] and
@@ -318,9 +318,9 @@ INLINE __m256d suspect_pd(__m256d s1, __m256d s2, __m256d tiny)
  * compares, after which only such columns are looked at one by one. */
 INLINE int any_suspect(const double *acc, int64_t w, double count)
 {
-    __m256d tiny = _mm256_set1_pd(count * TINY_SUM), bad = _mm256_setzero_pd();
+    vd tiny = vd_set1(count * TINY_SUM), bad = vd_zero();
     for (int64_t j = 0; j < w; j += 4)
-        bad = _mm256_or_pd(bad, suspect_pd(_mm256_loadu_pd(acc + j), _mm256_loadu_pd(acc + w + j), tiny));
+        bad = _mm256_or_pd(bad, suspect_pd(vd_load(acc + j), vd_load(acc + w + j), tiny));
     return _mm256_movemask_pd(bad);
 }
 
@@ -388,30 +388,30 @@ INLINE void gstats_redo_columns(const void *dy, const void *x, int64_t rows, int
  * first parameter set, odd blocks the second ---- */
 
 /* sh: shift lanes lo, hi of even blocks, then of odd blocks */
-INLINE void stats_flat_ps(const void *x, int64_t n, const __m256d *sh, int dt, acc8 *ea, acc8 *oa)
+INLINE void stats_flat_ps(const void *x, int64_t n, const vd *sh, int dt, acc8 *ea, acc8 *oa)
 {
     acc8 a = acc8_zero(), b = acc8_zero();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         prefetch_ahead_of(x, i, dt);
-        stats_step(&a, ld4d(x, i, dt), ld4d(x, i + 4, dt), sh[0], sh[1]);
-        stats_step(&b, ld4d(x, i + 8, dt), ld4d(x, i + 12, dt), sh[2], sh[3]);
+        stats_step(&a, vd_ld_widen(x, i, dt), vd_ld_widen(x, i + 4, dt), sh[0], sh[1]);
+        stats_step(&b, vd_ld_widen(x, i + 8, dt), vd_ld_widen(x, i + 12, dt), sh[2], sh[3]);
     }
     int odd = 0;
     if (i + 8 <= n) {
-        stats_step(&a, ld4d(x, i, dt), ld4d(x, i + 4, dt), sh[0], sh[1]);
+        stats_step(&a, vd_ld_widen(x, i, dt), vd_ld_widen(x, i + 4, dt), sh[0], sh[1]);
         i += 8;
         odd = 1;
     }
     if (i < n) {
         int64_t cnt = n - i;
-        __m256 v = ld_part(x, i, cnt, cnt, dt);
-        __m256i mlo = mask_pd(cnt), mhi = mask_pd(cnt - 4);
+        vf v = vf_ld_part(x, i, cnt, cnt, dt);
+        __m256i mlo = vd_mask_first(cnt), mhi = vd_mask_first(cnt - 4);
         /* dead lanes: x reads as 0 and the shift is masked to 0, so d = 0 */
         if (odd)
-            stats_step(&b, lo_pd(v), hi_pd(v), and_pd(sh[2], mlo), and_pd(sh[3], mhi));
+            stats_step(&b, vf_lo_pd(v), vf_hi_pd(v), vd_keep(sh[2], mlo), vd_keep(sh[3], mhi));
         else
-            stats_step(&a, lo_pd(v), hi_pd(v), and_pd(sh[0], mlo), and_pd(sh[1], mhi));
+            stats_step(&a, vf_lo_pd(v), vf_hi_pd(v), vd_keep(sh[0], mlo), vd_keep(sh[1], mhi));
     }
     *ea = a;
     *oa = b;
@@ -423,142 +423,142 @@ INLINE void stats_flat_ps(const void *x, int64_t n, const __m256d *sh, int dt, a
  * comes off in double, as sum g (x - mhi) - mlo sum g, which is more
  * accurate than subtracting it from every element and takes one float
  * subtraction less per element. */
-INLINE void gstats_tree_step(acc8 *a, const __m256 *g, const __m256 *u, __m256 mlo)
+INLINE void gstats_tree_step(acc8 *a, const vf *g, const vf *u, vf mlo)
 {
-    __m256 t1 = tree8(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]), t2 = dot_tree8(g, u);
-    __m256d t1lo = lo_pd(t1), t1hi = hi_pd(t1);
-    a->s1lo = _mm256_add_pd(a->s1lo, t1lo);
-    a->s1hi = _mm256_add_pd(a->s1hi, t1hi);
-    a->s2lo = _mm256_fnmadd_pd(lo_pd(mlo), t1lo, _mm256_add_pd(a->s2lo, lo_pd(t2)));
-    a->s2hi = _mm256_fnmadd_pd(hi_pd(mlo), t1hi, _mm256_add_pd(a->s2hi, hi_pd(t2)));
+    vf t1 = tree8(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]), t2 = dot_tree8(g, u);
+    vd t1lo = vf_lo_pd(t1), t1hi = vf_hi_pd(t1);
+    a->s1lo = vd_add(a->s1lo, t1lo);
+    a->s1hi = vd_add(a->s1hi, t1hi);
+    a->s2lo = vd_fnma(vf_lo_pd(mlo), t1lo, vd_add(a->s2lo, vf_lo_pd(t2)));
+    a->s2hi = vd_fnma(vf_hi_pd(mlo), t1hi, vd_add(a->s2hi, vf_hi_pd(t2)));
 }
 
 /* m: mhi, mlo of even blocks, then of odd blocks.  tree: sum blocks of 8
  * vectors in float first (the fast way); 0 forms every product and sum in
  * double (for sums that left float's range, see needs_double). */
-INLINE void gstats_flat_ps(const void *dy, const void *x, int64_t n, const __m256 *m, int dt, int tree,
+INLINE void gstats_flat_ps(const void *dy, const void *x, int64_t n, const vf *m, int dt, int tree,
                            acc8 *ea, acc8 *oa)
 {
     acc8 a = acc8_zero(), b = acc8_zero();
     int64_t i = 0;
     for (; tree && i + 128 <= n; i += 128) {
-        __m256 g[8], d[8];
+        vf g[8], d[8];
         for (int k = 0; k < 8; k++) {
             prefetch_ahead_of(dy, i + 16 * k, dt);
             prefetch_ahead_of(x, i + 16 * k, dt);
-            g[k] = ld8(dy, i + 16 * k, dt);
-            d[k] = sub_ps(ld8(x, i + 16 * k, dt), m[0]);
+            g[k] = vf_ld(dy, i + 16 * k, dt);
+            d[k] = sub_ps(vf_ld(x, i + 16 * k, dt), m[0]);
         }
         gstats_tree_step(&a, g, d, m[1]);
         for (int k = 0; k < 8; k++) {
-            g[k] = ld8(dy, i + 16 * k + 8, dt);
-            d[k] = sub_ps(ld8(x, i + 16 * k + 8, dt), m[2]);
+            g[k] = vf_ld(dy, i + 16 * k + 8, dt);
+            d[k] = sub_ps(vf_ld(x, i + 16 * k + 8, dt), m[2]);
         }
         gstats_tree_step(&b, g, d, m[3]);
     }
     for (; i + 16 <= n; i += 16) {
-        gstats_step(&a, ld8(dy, i, dt), centered_ps(ld8(x, i, dt), m[0], m[1]));
-        gstats_step(&b, ld8(dy, i + 8, dt), centered_ps(ld8(x, i + 8, dt), m[2], m[3]));
+        gstats_step(&a, vf_ld(dy, i, dt), centered_ps(vf_ld(x, i, dt), m[0], m[1]));
+        gstats_step(&b, vf_ld(dy, i + 8, dt), centered_ps(vf_ld(x, i + 8, dt), m[2], m[3]));
     }
     int odd = 0;
     if (i + 8 <= n) {
-        gstats_step(&a, ld8(dy, i, dt), centered_ps(ld8(x, i, dt), m[0], m[1]));
+        gstats_step(&a, vf_ld(dy, i, dt), centered_ps(vf_ld(x, i, dt), m[0], m[1]));
         i += 8;
         odd = 1;
     }
     if (i < n) {
         int64_t cnt = n - i;
-        __m256i mk = mask_ps(cnt);
-        __m256 g = ld_part(dy, i, cnt, cnt, dt), v = ld_part(x, i, cnt, cnt, dt);
+        __m256i mk = vf_mask_first(cnt);
+        vf g = vf_ld_part(dy, i, cnt, cnt, dt), v = vf_ld_part(x, i, cnt, cnt, dt);
         /* dead lanes: dy = 0 and d = 0, so even an inf mean adds nothing */
         if (odd)
-            gstats_step(&b, g, centered_ps(v, and_ps(m[2], mk), and_ps(m[3], mk)));
+            gstats_step(&b, g, centered_ps(v, vf_keep(m[2], mk), vf_keep(m[3], mk)));
         else
-            gstats_step(&a, g, centered_ps(v, and_ps(m[0], mk), and_ps(m[1], mk)));
+            gstats_step(&a, g, centered_ps(v, vf_keep(m[0], mk), vf_keep(m[1], mk)));
     }
     *ea = a;
     *oa = b;
 }
 
 /* p: mhi, mlo, alpha, beta of even blocks, then of odd blocks */
-INLINE void apply_flat_ps(const void *x, void *y, int64_t n, const __m256 *p, int dt)
+INLINE void apply_flat_ps(const void *x, void *y, int64_t n, const vf *p, int dt)
 {
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        __m256 v0 = ld8(x, i, dt), v1 = ld8(x, i + 8, dt);
-        __m256 v2 = ld8(x, i + 16, dt), v3 = ld8(x, i + 24, dt);
-        st16(y, i, apply_ps(v0, p[0], p[1], p[2], p[3]), apply_ps(v1, p[4], p[5], p[6], p[7]), dt);
-        st16(y, i + 16, apply_ps(v2, p[0], p[1], p[2], p[3]), apply_ps(v3, p[4], p[5], p[6], p[7]), dt);
+        vf v0 = vf_ld(x, i, dt), v1 = vf_ld(x, i + 8, dt);
+        vf v2 = vf_ld(x, i + 16, dt), v3 = vf_ld(x, i + 24, dt);
+        vf_st2(y, i, apply_ps(v0, p[0], p[1], p[2], p[3]), apply_ps(v1, p[4], p[5], p[6], p[7]), dt);
+        vf_st2(y, i + 16, apply_ps(v2, p[0], p[1], p[2], p[3]), apply_ps(v3, p[4], p[5], p[6], p[7]), dt);
     }
     for (; i + 8 <= n; i += 8) {
-        const __m256 *q = p + 4 * ((i >> 3) & 1);
-        st8(y, i, apply_ps(ld8(x, i, dt), q[0], q[1], q[2], q[3]), dt);
+        const vf *q = p + 4 * ((i >> 3) & 1);
+        vf_st(y, i, apply_ps(vf_ld(x, i, dt), q[0], q[1], q[2], q[3]), dt);
     }
     if (i < n) {
-        const __m256 *q = p + 4 * ((i >> 3) & 1);
-        st_part(y, i, apply_ps(ld_part(x, i, n - i, n - i, dt), q[0], q[1], q[2], q[3]), n - i, dt);
+        const vf *q = p + 4 * ((i >> 3) & 1);
+        vf_st_part(y, i, apply_ps(vf_ld_part(x, i, n - i, n - i, dt), q[0], q[1], q[2], q[3]), n - i, dt);
     }
 }
 
 /* p: mhi, mlo, a, b, c of even blocks, then of odd blocks */
-INLINE void gapply_flat_ps(const void *dy, const void *x, void *dx, int64_t n, const __m256 *p, int dt)
+INLINE void gapply_flat_ps(const void *dy, const void *x, void *dx, int64_t n, const vf *p, int dt)
 {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m256 g0 = ld8(dy, i, dt), g1 = ld8(dy, i + 8, dt);
-        __m256 v0 = ld8(x, i, dt), v1 = ld8(x, i + 8, dt);
-        st16(dx, i, gapply_ps(g0, v0, p[0], p[1], p[2], p[3], p[4]), gapply_ps(g1, v1, p[5], p[6], p[7], p[8], p[9]),
+        vf g0 = vf_ld(dy, i, dt), g1 = vf_ld(dy, i + 8, dt);
+        vf v0 = vf_ld(x, i, dt), v1 = vf_ld(x, i + 8, dt);
+        vf_st2(dx, i, gapply_ps(g0, v0, p[0], p[1], p[2], p[3], p[4]), gapply_ps(g1, v1, p[5], p[6], p[7], p[8], p[9]),
              dt);
     }
     if (i + 8 <= n) {
-        st8(dx, i, gapply_ps(ld8(dy, i, dt), ld8(x, i, dt), p[0], p[1], p[2], p[3], p[4]), dt);
+        vf_st(dx, i, gapply_ps(vf_ld(dy, i, dt), vf_ld(x, i, dt), p[0], p[1], p[2], p[3], p[4]), dt);
         i += 8;
     }
     if (i < n) {
-        const __m256 *q = p + 5 * ((i >> 3) & 1);
+        const vf *q = p + 5 * ((i >> 3) & 1);
         int64_t cnt = n - i;
-        __m256 g = ld_part(dy, i, cnt, cnt, dt), v = ld_part(x, i, cnt, cnt, dt);
-        st_part(dx, i, gapply_ps(g, v, q[0], q[1], q[2], q[3], q[4]), cnt, dt);
+        vf g = vf_ld_part(dy, i, cnt, cnt, dt), v = vf_ld_part(x, i, cnt, cnt, dt);
+        vf_st_part(dx, i, gapply_ps(g, v, q[0], q[1], q[2], q[3], q[4]), cnt, dt);
     }
 }
 
 /* Per-lane parameter vectors for a width w that divides 16: lane l of the
  * flat stream belongs to column l % w. */
-INLINE void lanes_ps(const float *v, int64_t w, __m256 *even, __m256 *odd)
+INLINE void lanes_ps(const float *v, int64_t w, vf *even, vf *odd)
 {
     float t[16];
     for (int l = 0; l < 16; l++) t[l] = v[l % w];
-    *even = _mm256_loadu_ps(t);
-    *odd = _mm256_loadu_ps(t + 8);
+    *even = vf_load(t);
+    *odd = vf_load(t + 8);
 }
 
 /* ---- float-compute kernel bodies (f32, f16, bf16 storage) ---- */
 
 /* Adds the sums and the sums of squares of 8 vectors d, pairwise in float,
  * to a (widened once) */
-INLINE void stats_block_add(acc8 *a, const __m256 *d)
+INLINE void stats_block_add(acc8 *a, const vf *d)
 {
-    __m256 t1 = tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
-    __m256 t2 = sq_tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
-    a->s1lo = _mm256_add_pd(a->s1lo, lo_pd(t1));
-    a->s1hi = _mm256_add_pd(a->s1hi, hi_pd(t1));
-    a->s2lo = _mm256_add_pd(a->s2lo, lo_pd(t2));
-    a->s2hi = _mm256_add_pd(a->s2hi, hi_pd(t2));
+    vf t1 = tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
+    vf t2 = sq_tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
+    a->s1lo = vd_add(a->s1lo, vf_lo_pd(t1));
+    a->s1hi = vd_add(a->s1hi, vf_hi_pd(t1));
+    a->s2lo = vd_add(a->s2lo, vf_lo_pd(t2));
+    a->s2hi = vd_add(a->s2hi, vf_hi_pd(t2));
 }
 
 /* Sums of x - shift over a run, every element widened to double */
 INLINE void stats_run_pd(const void *x, int64_t n, double shift, double *acc, int dt)
 {
-    __m256d s = _mm256_set1_pd(shift);
-    const __m256d sh[4] = {s, s, s, s};
+    vd s = vd_set1(shift);
+    const vd sh[4] = {s, s, s, s};
     acc8 a, b;
     stats_flat_ps(x, n, sh, dt, &a, &b);
-    acc[0] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
-    acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
+    acc[0] = vd_hsum(vd_add(vd_add(a.s1lo, a.s1hi), vd_add(b.s1lo, b.s1hi)));
+    acc[1] = vd_hsum(vd_add(vd_add(a.s2lo, a.s2hi), vd_add(b.s2lo, b.s2hi)));
 }
 
 /* 2-byte runs, whose widening to double would cost more than reading them:
- * blocks of 64 elements (8 vectors; bfloat16 by ld16_eo) summed pairwise
+ * blocks of 64 elements (8 vectors; bfloat16 by vf_ld_eo) summed pairwise
  * in float from k, the shift rounded to float, as the rows kernels sum
  * blocks of 8 rows, each block's sums widened once.  The elements after the
  * blocks are summed in double from k; then the rounding of k is put back
@@ -572,25 +572,25 @@ INLINE void stats_run_ps(const void *x, int64_t n, double shift, double *acc, in
         return;
     }
     const float kf = (float)shift;
-    const __m256 k = _mm256_set1_ps(kf);
+    const vf k = vf_set1(kf);
     acc8 a = acc8_zero();
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
         prefetch_ahead_of(x, i, dt);
         prefetch_ahead_of(x, i + 32, dt);
-        __m256 d[8];
+        vf d[8];
         if (dt == CFBN_BF16) {
-            for (int r = 0; r < 4; r++) ld16_eo(x, i + 16 * r, &d[2 * r], &d[2 * r + 1]);
+            for (int r = 0; r < 4; r++) vf_ld_eo(x, i + 16 * r, &d[2 * r], &d[2 * r + 1]);
         } else {
-            for (int r = 0; r < 8; r++) d[r] = ld8(x, i + 8 * r, dt);
+            for (int r = 0; r < 8; r++) d[r] = vf_ld(x, i + 8 * r, dt);
         }
         for (int r = 0; r < 8; r++) d[r] = sub_ps(d[r], k);
         stats_block_add(&a, d);
     }
     double rest[2] = {0.0, 0.0};
     if (i < n) stats_run_pd(elem_at(x, i, dt), n - i, (double)kf, rest, dt);
-    double s1 = hsum_pd(_mm256_add_pd(a.s1lo, a.s1hi)) + rest[0];
-    double s2 = hsum_pd(_mm256_add_pd(a.s2lo, a.s2hi)) + rest[1];
+    double s1 = vd_hsum(vd_add(a.s1lo, a.s1hi)) + rest[0];
+    double s2 = vd_hsum(vd_add(a.s2lo, a.s2hi)) + rest[1];
     /* sums of (x - k) to sums of (x - shift), with e = k - shift */
     const double e = (double)kf - shift, ne = (double)n * e;
     s2 += e * (2.0 * s1 + ne);
@@ -615,9 +615,9 @@ INLINE void stats_run_ps(const void *x, int64_t n, double shift, double *acc, in
  * the end (needs_double). */
 
 #define SHIFT_BUF 1024
-INLINE __m256 shift_ps(const double *shift)
+INLINE vf shift_ps(const double *shift)
 {
-    return _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(shift + 4)), _mm256_cvtpd_ps(_mm256_loadu_pd(shift)));
+    return _mm256_set_m128(_mm256_cvtpd_ps(vd_load(shift + 4)), _mm256_cvtpd_ps(vd_load(shift)));
 }
 
 /* Blocks of 8 rows are walked in memory order, and acc (2 w doubles, which
@@ -643,25 +643,25 @@ INLINE void prefetch_group_l2(const void *base, int64_t o, int64_t j, size_t es)
     for (size_t b = 0; b < 64 * es; b += 64) _mm_prefetch(q + b, _MM_HINT_T1);
 }
 
-INLINE void add_block(double *acc, int64_t w, int64_t j, __m256 t1, __m256 t2)
+INLINE void add_block(double *acc, int64_t w, int64_t j, vf t1, vf t2)
 {
-    _mm256_storeu_pd(acc + j, _mm256_add_pd(_mm256_loadu_pd(acc + j), lo_pd(t1)));
-    _mm256_storeu_pd(acc + j + 4, _mm256_add_pd(_mm256_loadu_pd(acc + j + 4), hi_pd(t1)));
-    _mm256_storeu_pd(acc + w + j, _mm256_add_pd(_mm256_loadu_pd(acc + w + j), lo_pd(t2)));
-    _mm256_storeu_pd(acc + w + j + 4, _mm256_add_pd(_mm256_loadu_pd(acc + w + j + 4), hi_pd(t2)));
+    vd_store(acc + j, vd_add(vd_load(acc + j), vf_lo_pd(t1)));
+    vd_store(acc + j + 4, vd_add(vd_load(acc + j + 4), vf_hi_pd(t1)));
+    vd_store(acc + w + j, vd_add(vd_load(acc + w + j), vf_lo_pd(t2)));
+    vd_store(acc + w + j + 4, vd_add(vd_load(acc + w + j + 4), vf_hi_pd(t2)));
 }
 
 /* add_block for gradient sums of products with u = x - mhi: the second
  * sums take mlo times the first off in double */
-INLINE void add_block_mlo(double *acc, int64_t w, int64_t j, __m256 t1, __m256 t2, __m256 mlo)
+INLINE void add_block_mlo(double *acc, int64_t w, int64_t j, vf t1, vf t2, vf mlo)
 {
-    __m256d t1lo = lo_pd(t1), t1hi = hi_pd(t1);
-    _mm256_storeu_pd(acc + j, _mm256_add_pd(_mm256_loadu_pd(acc + j), t1lo));
-    _mm256_storeu_pd(acc + j + 4, _mm256_add_pd(_mm256_loadu_pd(acc + j + 4), t1hi));
-    _mm256_storeu_pd(acc + w + j, _mm256_fnmadd_pd(lo_pd(mlo), t1lo,
-                                                   _mm256_add_pd(_mm256_loadu_pd(acc + w + j), lo_pd(t2))));
-    _mm256_storeu_pd(acc + w + j + 4, _mm256_fnmadd_pd(hi_pd(mlo), t1hi,
-                                                       _mm256_add_pd(_mm256_loadu_pd(acc + w + j + 4), hi_pd(t2))));
+    vd t1lo = vf_lo_pd(t1), t1hi = vf_hi_pd(t1);
+    vd_store(acc + j, vd_add(vd_load(acc + j), t1lo));
+    vd_store(acc + j + 4, vd_add(vd_load(acc + j + 4), t1hi));
+    vd_store(acc + w + j, vd_fnma(vf_lo_pd(mlo), t1lo,
+                                                   vd_add(vd_load(acc + w + j), vf_lo_pd(t2))));
+    vd_store(acc + w + j + 4, vd_fnma(vf_hi_pd(mlo), t1hi,
+                                                       vd_add(vd_load(acc + w + j + 4), vf_hi_pd(t2))));
 }
 
 INLINE void stats_rows8_ps(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int dt)
@@ -672,40 +672,40 @@ INLINE void stats_rows8_ps(const void *x, int64_t rows, int64_t w, const double 
     float kf[SHIFT_BUF];
     const int have_kf = w <= SHIFT_BUF;
     if (have_kf)
-        for (int64_t j = 0; j < w; j += 8) _mm256_storeu_ps(kf + j, shift_ps(shift + j));
+        for (int64_t j = 0; j < w; j += 8) vf_store(kf + j, shift_ps(shift + j));
     int64_t r = 0;
     for (; r + 8 <= rows; r += 8) {
         const int64_t o = r * w;
         for (int64_t j = 0; j < w; j += 8) {
             prefetch_group(x, o, j, es);
-            __m256 k = have_kf ? _mm256_loadu_ps(kf + j) : shift_ps(shift + j);
-            __m256 d[8];
-            for (int i = 0; i < 8; i++) d[i] = sub_ps(ld8(x, o + i * w + j, dt), k);
+            vf k = have_kf ? vf_load(kf + j) : shift_ps(shift + j);
+            vf d[8];
+            for (int i = 0; i < 8; i++) d[i] = sub_ps(vf_ld(x, o + i * w + j, dt), k);
             add_block(acc, w, j, tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]),
                       sq_tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]));
         }
     }
     for (; r < rows; r++) {
         for (int64_t j = 0; j < w; j += 8) {
-            __m256 d = _mm256_sub_ps(ld8(x, r * w + j, dt), shift_ps(shift + j));
-            add_block(acc, w, j, d, _mm256_mul_ps(d, d));
+            vf d = vf_sub(vf_ld(x, r * w + j, dt), shift_ps(shift + j));
+            add_block(acc, w, j, d, vf_mul(d, d));
         }
     }
     /* from sums of (x - k) to sums of (x - shift): with e = k - shift,
      * sum(d + e) = s1 + n e and sum((d + e)^2) = s2 + 2 e s1 + n e^2; the
      * same pass takes needs_double's quick tests */
     const double n = (double)rows;
-    const __m256d vn = _mm256_set1_pd(n), two = _mm256_set1_pd(2.0), tiny = _mm256_set1_pd(n * TINY_SUM);
-    __m256d bad = _mm256_setzero_pd();
+    const vd vn = vd_set1(n), two = vd_set1(2.0), tiny = vd_set1(n * TINY_SUM);
+    vd bad = vd_zero();
     for (int64_t j = 0; j < w; j += 4) {
-        __m256d sh = _mm256_loadu_pd(shift + j);
-        __m256d e = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_cvtpd_ps(sh)), sh);
-        __m256d s1 = _mm256_loadu_pd(acc + j), s2 = _mm256_loadu_pd(acc + w + j);
-        __m256d ne = _mm256_mul_pd(vn, e);
-        s2 = _mm256_add_pd(s2, _mm256_mul_pd(e, _mm256_add_pd(_mm256_mul_pd(two, s1), ne)));
-        s1 = _mm256_add_pd(s1, ne);
-        _mm256_storeu_pd(acc + j, s1);
-        _mm256_storeu_pd(acc + w + j, s2);
+        vd sh = vd_load(shift + j);
+        vd e = vd_sub(_mm256_cvtps_pd(_mm256_cvtpd_ps(sh)), sh);
+        vd s1 = vd_load(acc + j), s2 = vd_load(acc + w + j);
+        vd ne = vd_mul(vn, e);
+        s2 = vd_add(s2, vd_mul(e, vd_add(vd_mul(two, s1), ne)));
+        s1 = vd_add(s1, ne);
+        vd_store(acc + j, s1);
+        vd_store(acc + w + j, s2);
         bad = _mm256_or_pd(bad, suspect_pd(s1, s2, tiny));
     }
     if (_mm256_movemask_pd(bad)) {
@@ -733,27 +733,27 @@ INLINE void gstats_rows8_ps(const void *dy, const void *x, int64_t rows, int64_t
         for (int64_t j = 0; j < w; j += 8, bd += 8 * es, bx += 8 * es) {
             prefetch_group_l2(dy, o, j, es);
             prefetch_group_l2(x, o, j, es);
-            const __m256 m = _mm256_loadu_ps(mhi + j);
-            __m256 s[4], q[4];
+            const vf m = vf_load(mhi + j);
+            vf s[4], q[4];
             for (int k = 0; k < 4; k++) {
-                __m256 g0 = ld8(bd + 2 * k * rs, 0, dt), g1 = ld8(bd + (2 * k + 1) * rs, 0, dt);
-                __m256 u0 = sub_ps(ld8(bx + 2 * k * rs, 0, dt), m);
-                __m256 u1 = sub_ps(ld8(bx + (2 * k + 1) * rs, 0, dt), m);
-                s[k] = _mm256_add_ps(g0, g1);
-                q[k] = _mm256_fmadd_ps(g1, u1, _mm256_mul_ps(g0, u0));
+                vf g0 = vf_ld(bd + 2 * k * rs, 0, dt), g1 = vf_ld(bd + (2 * k + 1) * rs, 0, dt);
+                vf u0 = sub_ps(vf_ld(bx + 2 * k * rs, 0, dt), m);
+                vf u1 = sub_ps(vf_ld(bx + (2 * k + 1) * rs, 0, dt), m);
+                s[k] = vf_add(g0, g1);
+                q[k] = vf_fma(g1, u1, vf_mul(g0, u0));
             }
             /* the order of tree8 and dot_tree8; mlo comes off in double,
              * as in gstats_tree_step */
-            __m256 t1 = _mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3]));
-            __m256 t2 = _mm256_add_ps(_mm256_add_ps(q[0], q[1]), _mm256_add_ps(q[2], q[3]));
-            add_block_mlo(acc, w, j, t1, t2, _mm256_loadu_ps(mlo + j));
+            vf t1 = vf_add(vf_add(s[0], s[1]), vf_add(s[2], s[3]));
+            vf t2 = vf_add(vf_add(q[0], q[1]), vf_add(q[2], q[3]));
+            add_block_mlo(acc, w, j, t1, t2, vf_load(mlo + j));
         }
     }
     for (; r < rows; r++) {
         for (int64_t j = 0; j < w; j += 8) {
-            __m256 m = _mm256_loadu_ps(p->mhi + j), l = _mm256_loadu_ps(p->mlo + j);
-            __m256 g = ld8(dy, r * w + j, dt);
-            add_block(acc, w, j, g, _mm256_mul_ps(g, centered_ps(ld8(x, r * w + j, dt), m, l)));
+            vf m = vf_load(p->mhi + j), l = vf_load(p->mlo + j);
+            vf g = vf_ld(dy, r * w + j, dt);
+            add_block(acc, w, j, g, vf_mul(g, centered_ps(vf_ld(x, r * w + j, dt), m, l)));
         }
     }
     if (any_suspect(acc, w, (double)rows)) gstats_redo_columns(dy, x, rows, w, p, acc, dt);
@@ -769,7 +769,7 @@ INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *
     if (16 % w == 0) {
         double t[16], s1[16], s2[16];
         for (int l = 0; l < 16; l++) t[l] = shift[l % w];
-        const __m256d sh[4] = {_mm256_loadu_pd(t), _mm256_loadu_pd(t + 4), _mm256_loadu_pd(t + 8), _mm256_loadu_pd(t + 12)};
+        const vd sh[4] = {vd_load(t), vd_load(t + 4), vd_load(t + 8), vd_load(t + 12)};
         acc8 a, b;
         stats_flat_ps(x, rows * w, sh, dt, &a, &b);
         acc8_store(&a, s1, s2);
@@ -784,66 +784,66 @@ INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
     acc8 t = acc8_zero();
-    __m256d tlo = _mm256_setzero_pd(), thi = _mm256_setzero_pd();
-    if (cnt > 0) tlo = _mm256_maskload_pd(shift + full, mask_pd(cnt));
-    if (cnt > 4) thi = _mm256_maskload_pd(shift + full + 4, mask_pd(cnt - 4));
+    vd tlo = vd_zero(), thi = vd_zero();
+    if (cnt > 0) tlo = vd_load_part(shift + full, vd_mask_first(cnt));
+    if (cnt > 4) thi = vd_load_part(shift + full + 4, vd_mask_first(cnt - 4));
     int64_t r = 0;
     for (; r + 2 <= rows; r += 2) {
         const int64_t o0 = r * w, o1 = o0 + w;
         for (int64_t j = 0; j < full; j += 8) {
             acc8 c = acc8_load(acc + j, acc + w + j);
-            __m256d slo = _mm256_loadu_pd(shift + j), shi = _mm256_loadu_pd(shift + j + 4);
-            stats_step(&c, ld4d(x, o0 + j, dt), ld4d(x, o0 + j + 4, dt), slo, shi);
-            stats_step(&c, ld4d(x, o1 + j, dt), ld4d(x, o1 + j + 4, dt), slo, shi);
+            vd slo = vd_load(shift + j), shi = vd_load(shift + j + 4);
+            stats_step(&c, vd_ld_widen(x, o0 + j, dt), vd_ld_widen(x, o0 + j + 4, dt), slo, shi);
+            stats_step(&c, vd_ld_widen(x, o1 + j, dt), vd_ld_widen(x, o1 + j + 4, dt), slo, shi);
             acc8_store(&c, acc + j, acc + w + j);
         }
         if (cnt) {
-            __m256 v0 = ld_part(x, o0 + full, cnt, n - o0 - full, dt);
-            __m256 v1 = ld_part(x, o1 + full, cnt, n - o1 - full, dt);
-            stats_step(&t, lo_pd(v0), hi_pd(v0), tlo, thi);
-            stats_step(&t, lo_pd(v1), hi_pd(v1), tlo, thi);
+            vf v0 = vf_ld_part(x, o0 + full, cnt, n - o0 - full, dt);
+            vf v1 = vf_ld_part(x, o1 + full, cnt, n - o1 - full, dt);
+            stats_step(&t, vf_lo_pd(v0), vf_hi_pd(v0), tlo, thi);
+            stats_step(&t, vf_lo_pd(v1), vf_hi_pd(v1), tlo, thi);
         }
     }
     if (r < rows) {
         const int64_t o0 = r * w;
         for (int64_t j = 0; j < full; j += 8) {
             acc8 c = acc8_load(acc + j, acc + w + j);
-            stats_step(&c, ld4d(x, o0 + j, dt), ld4d(x, o0 + j + 4, dt),
-                       _mm256_loadu_pd(shift + j), _mm256_loadu_pd(shift + j + 4));
+            stats_step(&c, vd_ld_widen(x, o0 + j, dt), vd_ld_widen(x, o0 + j + 4, dt),
+                       vd_load(shift + j), vd_load(shift + j + 4));
             acc8_store(&c, acc + j, acc + w + j);
         }
         if (cnt) {
-            __m256 v0 = ld_part(x, o0 + full, cnt, n - o0 - full, dt);
-            stats_step(&t, lo_pd(v0), hi_pd(v0), tlo, thi);
+            vf v0 = vf_ld_part(x, o0 + full, cnt, n - o0 - full, dt);
+            stats_step(&t, vf_lo_pd(v0), vf_hi_pd(v0), tlo, thi);
         }
     }
     if (cnt) acc8_store_part(&t, acc + full, acc + w + full, cnt);
 }
 
 /* A run: q as apply_flat_ps's, both sets the same.  bfloat16 goes 16
- * elements at a time through ld16_eo and st16_eo.  A run of 16 or more
+ * elements at a time through vf_ld_eo and vf_st_eo.  A run of 16 or more
  * that 16 does not divide ends with whole vectors over its last 16
  * elements instead of a masked tail: loaded before any store (y may be x)
  * and stored last, so the elements they share with the body are written
  * twice with the same values.  Elementwise, so the outputs are those of
  * apply_flat_ps. */
-INLINE void apply_uni_ps(const void *x, void *y, int64_t n, const __m256 *q, int dt)
+INLINE void apply_uni_ps(const void *x, void *y, int64_t n, const vf *q, int dt)
 {
     if (n < 16) {
         apply_flat_ps(x, y, n, q, dt);
         return;
     }
     const int64_t body = n & ~(int64_t)15;
-    __m256 t0 = _mm256_setzero_ps(), t1 = t0;
+    vf t0 = vf_zero(), t1 = t0;
     if (body < n) {
-        if (dt == CFBN_BF16) ld16_eo(x, n - 16, &t0, &t1);
-        else t0 = ld8(x, n - 16, dt), t1 = ld8(x, n - 8, dt);
+        if (dt == CFBN_BF16) vf_ld_eo(x, n - 16, &t0, &t1);
+        else t0 = vf_ld(x, n - 16, dt), t1 = vf_ld(x, n - 8, dt);
     }
     if (dt == CFBN_BF16) {
         for (int64_t i = 0; i < body; i += 16) {
-            __m256 e, o;
-            ld16_eo(x, i, &e, &o);
-            st16_eo(y, i, apply_ps(e, q[0], q[1], q[2], q[3]), apply_ps(o, q[0], q[1], q[2], q[3]));
+            vf e, o;
+            vf_ld_eo(x, i, &e, &o);
+            vf_st_eo(y, i, apply_ps(e, q[0], q[1], q[2], q[3]), apply_ps(o, q[0], q[1], q[2], q[3]));
         }
     } else {
         apply_flat_ps(x, y, body, q, dt);
@@ -851,16 +851,16 @@ INLINE void apply_uni_ps(const void *x, void *y, int64_t n, const __m256 *q, int
     if (body < n) {
         t0 = apply_ps(t0, q[0], q[1], q[2], q[3]);
         t1 = apply_ps(t1, q[0], q[1], q[2], q[3]);
-        if (dt == CFBN_BF16) st16_eo(y, n - 16, t0, t1);
-        else st16(y, n - 16, t0, t1, dt);
+        if (dt == CFBN_BF16) vf_st_eo(y, n - 16, t0, t1);
+        else vf_st2(y, n - 16, t0, t1, dt);
     }
 }
 
 INLINE void apply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
 {
-    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
-    __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]);
-    const __m256 q[8] = {m, l, a, b, m, l, a, b};
+    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
+    vf a = vf_set1(p->alpha[0]), b = vf_set1(p->beta[0]);
+    const vf q[8] = {m, l, a, b, m, l, a, b};
     apply_uni_ps(x, y, n, q, dt);
 }
 
@@ -868,7 +868,7 @@ INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const
 {
     if (w <= 0) return;
     if (16 % w == 0) {
-        __m256 q[8];
+        vf q[8];
         lanes_ps(p->mhi, w, &q[0], &q[4]);
         lanes_ps(p->mlo, w, &q[1], &q[5]);
         lanes_ps(p->alpha, w, &q[2], &q[6]);
@@ -881,25 +881,25 @@ INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const
         return;
     }
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
-    __m256 tm = _mm256_setzero_ps(), tl = tm, ta = tm, tb = tm;
+    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm;
     if (cnt) {
-        __m256i mk = mask_ps(cnt);
-        tm = _mm256_maskload_ps(p->mhi + full, mk);
-        tl = _mm256_maskload_ps(p->mlo + full, mk);
-        ta = _mm256_maskload_ps(p->alpha + full, mk);
-        tb = _mm256_maskload_ps(p->beta + full, mk);
+        __m256i mk = vf_mask_first(cnt);
+        tm = vf_load_part(p->mhi + full, mk);
+        tl = vf_load_part(p->mlo + full, mk);
+        ta = vf_load_part(p->alpha + full, mk);
+        tb = vf_load_part(p->beta + full, mk);
     }
     int64_t r = 0;
     for (; r < rows; r++) {
         const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 8) {
-            __m256 v = apply_ps(ld8(x, o + j, dt), _mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j),
-                                _mm256_loadu_ps(p->alpha + j), _mm256_loadu_ps(p->beta + j));
-            st8(y, o + j, v, dt);
+            vf v = apply_ps(vf_ld(x, o + j, dt), vf_load(p->mhi + j), vf_load(p->mlo + j),
+                                vf_load(p->alpha + j), vf_load(p->beta + j));
+            vf_st(y, o + j, v, dt);
         }
         if (cnt) {
-            __m256 v = ld_part(x, o + full, cnt, n - o - full, dt);
-            st_part(y, o + full, apply_ps(v, tm, tl, ta, tb), cnt, dt);
+            vf v = vf_ld_part(x, o + full, cnt, n - o - full, dt);
+            vf_st_part(y, o + full, apply_ps(v, tm, tl, ta, tb), cnt, dt);
         }
     }
 }
@@ -910,18 +910,18 @@ INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const
 COLD void gstats_runs_pd(const void *dy, const void *x, int64_t n, int64_t runs, int64_t stride,
                          const cfbn_grad_f32 *p, double *acc, int dt)
 {
-    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
-    const __m256 q[4] = {m, l, m, l};
+    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
+    const vf q[4] = {m, l, m, l};
     const size_t step = (size_t)stride * (dt ? 2 : 4);
-    __m256d s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd();
+    vd s1 = vd_zero(), s2 = vd_zero();
     for (int64_t k = 0; k < runs; k++) {
         acc8 a, b;
         gstats_flat_ps((const char *)dy + k * step, (const char *)x + k * step, n, q, dt, 0, &a, &b);
-        s1 = _mm256_add_pd(s1, _mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
-        s2 = _mm256_add_pd(s2, _mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
+        s1 = vd_add(s1, vd_add(vd_add(a.s1lo, a.s1hi), vd_add(b.s1lo, b.s1hi)));
+        s2 = vd_add(s2, vd_add(vd_add(a.s2lo, a.s2hi), vd_add(b.s2lo, b.s2hi)));
     }
-    acc[0] = hsum_pd(s1);
-    acc[1] = hsum_pd(s2);
+    acc[0] = vd_hsum(s1);
+    acc[1] = vd_hsum(s2);
 }
 
 INLINE int run_needs_double(const double *acc, int64_t count, const cfbn_grad_f32 *p)
@@ -932,12 +932,12 @@ INLINE int run_needs_double(const double *acc, int64_t count, const cfbn_grad_f3
 
 INLINE void gstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int dt)
 {
-    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
-    const __m256 q[4] = {m, l, m, l};
+    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
+    const vf q[4] = {m, l, m, l};
     acc8 a, b;
     gstats_flat_ps(dy, x, n, q, dt, 1, &a, &b);
-    acc[0] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
-    acc[1] = hsum_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
+    acc[0] = vd_hsum(vd_add(vd_add(a.s1lo, a.s1hi), vd_add(b.s1lo, b.s1hi)));
+    acc[1] = vd_hsum(vd_add(vd_add(a.s2lo, a.s2hi), vd_add(b.s2lo, b.s2hi)));
     if (n >= 128 && run_needs_double(acc, n, p)) gstats_runs_pd(dy, x, n, 1, 0, p, acc, dt);
 }
 
@@ -950,7 +950,7 @@ INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t 
         return;
     }
     if (16 % w == 0) {
-        __m256 q[4];
+        vf q[4];
         double s1[16], s2[16];
         lanes_ps(p->mhi, w, &q[0], &q[2]);
         lanes_ps(p->mlo, w, &q[1], &q[3]);
@@ -966,86 +966,86 @@ INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t 
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
     acc8 t = acc8_zero();
-    __m256 tm = _mm256_setzero_ps(), tl = tm;
+    vf tm = vf_zero(), tl = tm;
     if (cnt) {
-        __m256i mk = mask_ps(cnt);
-        tm = _mm256_maskload_ps(p->mhi + full, mk);
-        tl = _mm256_maskload_ps(p->mlo + full, mk);
+        __m256i mk = vf_mask_first(cnt);
+        tm = vf_load_part(p->mhi + full, mk);
+        tl = vf_load_part(p->mlo + full, mk);
     }
     int64_t r = 0;
     for (; r + 2 <= rows; r += 2) {
         const int64_t o0 = r * w, o1 = o0 + w;
         for (int64_t j = 0; j < full; j += 8) {
             acc8 c = acc8_load(acc + j, acc + w + j);
-            __m256 m = _mm256_loadu_ps(p->mhi + j), l = _mm256_loadu_ps(p->mlo + j);
-            gstats_step(&c, ld8(dy, o0 + j, dt), centered_ps(ld8(x, o0 + j, dt), m, l));
-            gstats_step(&c, ld8(dy, o1 + j, dt), centered_ps(ld8(x, o1 + j, dt), m, l));
+            vf m = vf_load(p->mhi + j), l = vf_load(p->mlo + j);
+            gstats_step(&c, vf_ld(dy, o0 + j, dt), centered_ps(vf_ld(x, o0 + j, dt), m, l));
+            gstats_step(&c, vf_ld(dy, o1 + j, dt), centered_ps(vf_ld(x, o1 + j, dt), m, l));
             acc8_store(&c, acc + j, acc + w + j);
         }
         if (cnt) {
-            gstats_step(&t, ld_part(dy, o0 + full, cnt, n - o0 - full, dt),
-                        centered_ps(ld_part(x, o0 + full, cnt, n - o0 - full, dt), tm, tl));
-            gstats_step(&t, ld_part(dy, o1 + full, cnt, n - o1 - full, dt),
-                        centered_ps(ld_part(x, o1 + full, cnt, n - o1 - full, dt), tm, tl));
+            gstats_step(&t, vf_ld_part(dy, o0 + full, cnt, n - o0 - full, dt),
+                        centered_ps(vf_ld_part(x, o0 + full, cnt, n - o0 - full, dt), tm, tl));
+            gstats_step(&t, vf_ld_part(dy, o1 + full, cnt, n - o1 - full, dt),
+                        centered_ps(vf_ld_part(x, o1 + full, cnt, n - o1 - full, dt), tm, tl));
         }
     }
     if (r < rows) {
         const int64_t o0 = r * w;
         for (int64_t j = 0; j < full; j += 8) {
             acc8 c = acc8_load(acc + j, acc + w + j);
-            __m256 m = _mm256_loadu_ps(p->mhi + j), l = _mm256_loadu_ps(p->mlo + j);
-            gstats_step(&c, ld8(dy, o0 + j, dt), centered_ps(ld8(x, o0 + j, dt), m, l));
+            vf m = vf_load(p->mhi + j), l = vf_load(p->mlo + j);
+            gstats_step(&c, vf_ld(dy, o0 + j, dt), centered_ps(vf_ld(x, o0 + j, dt), m, l));
             acc8_store(&c, acc + j, acc + w + j);
         }
         if (cnt) {
-            gstats_step(&t, ld_part(dy, o0 + full, cnt, n - o0 - full, dt),
-                        centered_ps(ld_part(x, o0 + full, cnt, n - o0 - full, dt), tm, tl));
+            gstats_step(&t, vf_ld_part(dy, o0 + full, cnt, n - o0 - full, dt),
+                        centered_ps(vf_ld_part(x, o0 + full, cnt, n - o0 - full, dt), tm, tl));
         }
     }
     if (cnt) acc8_store_part(&t, acc + full, acc + w + full, cnt);
 }
 
 /* A run, as apply_uni_ps: q as gapply_flat_ps's, both sets the same */
-INLINE void gapply_uni_ps(const void *dy, const void *x, void *dx, int64_t n, const __m256 *q, int dt)
+INLINE void gapply_uni_ps(const void *dy, const void *x, void *dx, int64_t n, const vf *q, int dt)
 {
     if (n < 16) {
         gapply_flat_ps(dy, x, dx, n, q, dt);
         return;
     }
     const int64_t body = n & ~(int64_t)15;
-    __m256 g0 = _mm256_setzero_ps(), g1 = g0, v0 = g0, v1 = g0;
+    vf g0 = vf_zero(), g1 = g0, v0 = g0, v1 = g0;
     if (body < n) {
         if (dt == CFBN_BF16) {
-            ld16_eo(dy, n - 16, &g0, &g1);
-            ld16_eo(x, n - 16, &v0, &v1);
+            vf_ld_eo(dy, n - 16, &g0, &g1);
+            vf_ld_eo(x, n - 16, &v0, &v1);
         } else {
-            g0 = ld8(dy, n - 16, dt), g1 = ld8(dy, n - 8, dt);
-            v0 = ld8(x, n - 16, dt), v1 = ld8(x, n - 8, dt);
+            g0 = vf_ld(dy, n - 16, dt), g1 = vf_ld(dy, n - 8, dt);
+            v0 = vf_ld(x, n - 16, dt), v1 = vf_ld(x, n - 8, dt);
         }
     }
     if (dt == CFBN_BF16) {
         for (int64_t i = 0; i < body; i += 16) {
-            __m256 ge, go, xe, xo;
-            ld16_eo(dy, i, &ge, &go);
-            ld16_eo(x, i, &xe, &xo);
-            st16_eo(dx, i, gapply_ps(ge, xe, q[0], q[1], q[2], q[3], q[4]),
+            vf ge, go, xe, xo;
+            vf_ld_eo(dy, i, &ge, &go);
+            vf_ld_eo(x, i, &xe, &xo);
+            vf_st_eo(dx, i, gapply_ps(ge, xe, q[0], q[1], q[2], q[3], q[4]),
                     gapply_ps(go, xo, q[0], q[1], q[2], q[3], q[4]));
         }
     } else {
         gapply_flat_ps(dy, x, dx, body, q, dt);
     }
     if (body < n) {
-        __m256 r0 = gapply_ps(g0, v0, q[0], q[1], q[2], q[3], q[4]), r1 = gapply_ps(g1, v1, q[0], q[1], q[2], q[3], q[4]);
-        if (dt == CFBN_BF16) st16_eo(dx, n - 16, r0, r1);
-        else st16(dx, n - 16, r0, r1, dt);
+        vf r0 = gapply_ps(g0, v0, q[0], q[1], q[2], q[3], q[4]), r1 = gapply_ps(g1, v1, q[0], q[1], q[2], q[3], q[4]);
+        if (dt == CFBN_BF16) vf_st_eo(dx, n - 16, r0, r1);
+        else vf_st2(dx, n - 16, r0, r1, dt);
     }
 }
 
 INLINE void gapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
-    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
-    __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
-    const __m256 q[10] = {m, l, a, b, c, m, l, a, b, c};
+    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
+    vf a = vf_set1(p->a[0]), b = vf_set1(p->b[0]), c = vf_set1(p->c[0]);
+    const vf q[10] = {m, l, a, b, c, m, l, a, b, c};
     gapply_uni_ps(dy, x, dx, n, q, dt);
 }
 
@@ -1054,7 +1054,7 @@ INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows
 {
     if (w <= 0) return;
     if (16 % w == 0) {
-        __m256 q[10];
+        vf q[10];
         lanes_ps(p->mhi, w, &q[0], &q[5]);
         lanes_ps(p->mlo, w, &q[1], &q[6]);
         lanes_ps(p->a, w, &q[2], &q[7]);
@@ -1068,28 +1068,28 @@ INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows
         return;
     }
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
-    __m256 tm = _mm256_setzero_ps(), tl = tm, ta = tm, tb = tm, tc = tm;
+    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm, tc = tm;
     if (cnt) {
-        __m256i mk = mask_ps(cnt);
-        tm = _mm256_maskload_ps(p->mhi + full, mk);
-        tl = _mm256_maskload_ps(p->mlo + full, mk);
-        ta = _mm256_maskload_ps(p->a + full, mk);
-        tb = _mm256_maskload_ps(p->b + full, mk);
-        tc = _mm256_maskload_ps(p->c + full, mk);
+        __m256i mk = vf_mask_first(cnt);
+        tm = vf_load_part(p->mhi + full, mk);
+        tl = vf_load_part(p->mlo + full, mk);
+        ta = vf_load_part(p->a + full, mk);
+        tb = vf_load_part(p->b + full, mk);
+        tc = vf_load_part(p->c + full, mk);
     }
     int64_t r = 0;
     for (; r < rows; r++) {
         const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 8) {
-            __m256 v = gapply_ps(ld8(dy, o + j, dt), ld8(x, o + j, dt), _mm256_loadu_ps(p->mhi + j),
-                                 _mm256_loadu_ps(p->mlo + j), _mm256_loadu_ps(p->a + j), _mm256_loadu_ps(p->b + j),
-                                 _mm256_loadu_ps(p->c + j));
-            st8(dx, o + j, v, dt);
+            vf v = gapply_ps(vf_ld(dy, o + j, dt), vf_ld(x, o + j, dt), vf_load(p->mhi + j),
+                                 vf_load(p->mlo + j), vf_load(p->a + j), vf_load(p->b + j),
+                                 vf_load(p->c + j));
+            vf_st(dx, o + j, v, dt);
         }
         if (cnt) {
-            __m256 g = ld_part(dy, o + full, cnt, n - o - full, dt);
-            __m256 v = ld_part(x, o + full, cnt, n - o - full, dt);
-            st_part(dx, o + full, gapply_ps(g, v, tm, tl, ta, tb, tc), cnt, dt);
+            vf g = vf_ld_part(dy, o + full, cnt, n - o - full, dt);
+            vf v = vf_ld_part(x, o + full, cnt, n - o - full, dt);
+            vf_st_part(dx, o + full, gapply_ps(g, v, tm, tl, ta, tb, tc), cnt, dt);
         }
     }
 }
@@ -1101,7 +1101,7 @@ INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows
  * 16-byte aligned (8 halfwords, or 4 floats twice); the sfence orders them
  * before the caller's barrier. */
 
-INLINE void st8_nt(void *p, int64_t i, __m256 v, int dt)
+INLINE void vf_st_nt(void *p, int64_t i, vf v, int dt)
 {
     if (dt) {
         _mm_stream_si128((__m128i *)((uint16_t *)p + i), narrow_ph(v, dt));
@@ -1113,7 +1113,7 @@ INLINE void st8_nt(void *p, int64_t i, __m256 v, int dt)
 }
 
 /* 8 floats at p + i, 32-byte aligned, non-temporal: one store */
-INLINE void st8_nt32(float *p, int64_t i, __m256 v)
+INLINE void vf_stream_aligned(float *p, int64_t i, vf v)
 {
     _mm256_stream_ps(p + i, v);
 }
@@ -1137,32 +1137,32 @@ INLINE int64_t peel16(const void *p, int64_t n, int dt)
  * 11.6 -> 10.8 and 14.6 -> 12.5 ms in two sets. */
 INLINE void apply_run_nt_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
 {
-    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
-    __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]);
+    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
+    vf a = vf_set1(p->alpha[0]), b = vf_set1(p->beta[0]);
     int64_t i = peel16(y, n, dt);
-    if (i) st_part(y, 0, apply_ps(ld_part(x, 0, i, n, dt), m, l, a, b), i, dt);
+    if (i) vf_st_part(y, 0, apply_ps(vf_ld_part(x, 0, i, n, dt), m, l, a, b), i, dt);
     if (!dt && !((uintptr_t)elem_at(y, i, dt) & 31))
-        for (; i + 8 <= n; i += 8) st8_nt32((float *)y, i, apply_ps(ld8(x, i, dt), m, l, a, b));
+        for (; i + 8 <= n; i += 8) vf_stream_aligned((float *)y, i, apply_ps(vf_ld(x, i, dt), m, l, a, b));
     if (dt == CFBN_BF16 && i + 8 <= n && ((uintptr_t)elem_at(y, i, dt) & 31)) {
-        st8_nt(y, i, apply_ps(ld8(x, i, dt), m, l, a, b), dt);
+        vf_st_nt(y, i, apply_ps(vf_ld(x, i, dt), m, l, a, b), dt);
         i += 8;
     }
     for (; dt == CFBN_BF16 && i + 32 <= n; i += 32) {
-        __m256 e0, o0, e1, o1;
+        vf e0, o0, e1, o1;
         prefetch_ahead_of(x, i, CFBN_BF16);
-        ld16_eo(x, i, &e0, &o0);
-        ld16_eo(x, i + 16, &e1, &o1);
-        st32_eo_nt(y, i, apply_ps(e0, m, l, a, b), apply_ps(o0, m, l, a, b), apply_ps(e1, m, l, a, b),
+        vf_ld_eo(x, i, &e0, &o0);
+        vf_ld_eo(x, i + 16, &e1, &o1);
+        vf_st_eo2_nt(y, i, apply_ps(e0, m, l, a, b), apply_ps(o0, m, l, a, b), apply_ps(e1, m, l, a, b),
                    apply_ps(o1, m, l, a, b));
     }
     for (; i + 16 <= n; i += 16) {
-        __m256 v0 = ld8(x, i, dt), v1 = ld8(x, i + 8, dt);
-        st8_nt(y, i, apply_ps(v0, m, l, a, b), dt);
-        st8_nt(y, i + 8, apply_ps(v1, m, l, a, b), dt);
+        vf v0 = vf_ld(x, i, dt), v1 = vf_ld(x, i + 8, dt);
+        vf_st_nt(y, i, apply_ps(v0, m, l, a, b), dt);
+        vf_st_nt(y, i + 8, apply_ps(v1, m, l, a, b), dt);
     }
-    for (; i + 8 <= n; i += 8) st8_nt(y, i, apply_ps(ld8(x, i, dt), m, l, a, b), dt);
-    if (i < n) st_part(y, i, apply_ps(ld_part(x, i, n - i, n - i, dt), m, l, a, b), n - i, dt);
-    _mm_sfence();
+    for (; i + 8 <= n; i += 8) vf_st_nt(y, i, apply_ps(vf_ld(x, i, dt), m, l, a, b), dt);
+    if (i < n) vf_st_part(y, i, apply_ps(vf_ld_part(x, i, n - i, n - i, dt), m, l, a, b), n - i, dt);
+    stream_fence();
 }
 
 /* rows of w starting 16-byte aligned, w a multiple of 16 bytes
@@ -1171,59 +1171,59 @@ INLINE void apply_rows_nt_ps(const void *x, void *y, int64_t rows, int64_t w, co
 {
     if (eo_rows(dt, w)) {
         apply_rows_eo(x, y, rows, w, p, 1);
-        _mm_sfence();
+        stream_fence();
         return;
     }
     const int64_t full = w & ~(int64_t)7, cnt = w - full;
-    __m256 tm = _mm256_setzero_ps(), tl = tm, ta = tm, tb = tm;
+    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm;
     if (cnt) {
-        __m256i mk = mask_ps(cnt);
-        tm = _mm256_maskload_ps(p->mhi + full, mk);
-        tl = _mm256_maskload_ps(p->mlo + full, mk);
-        ta = _mm256_maskload_ps(p->alpha + full, mk);
-        tb = _mm256_maskload_ps(p->beta + full, mk);
+        __m256i mk = vf_mask_first(cnt);
+        tm = vf_load_part(p->mhi + full, mk);
+        tl = vf_load_part(p->mlo + full, mk);
+        ta = vf_load_part(p->alpha + full, mk);
+        tb = vf_load_part(p->beta + full, mk);
     }
     for (int64_t r = 0; r < rows; r++) {
         const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 8) {
-            st8_nt(y, o + j, apply_ps(ld8(x, o + j, dt), _mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j),
-                                      _mm256_loadu_ps(p->alpha + j), _mm256_loadu_ps(p->beta + j)), dt);
+            vf_st_nt(y, o + j, apply_ps(vf_ld(x, o + j, dt), vf_load(p->mhi + j), vf_load(p->mlo + j),
+                                      vf_load(p->alpha + j), vf_load(p->beta + j)), dt);
         }
-        if (cnt) st_part(y, o + full, apply_ps(ld_part(x, o + full, cnt, cnt, dt), tm, tl, ta, tb), cnt, dt);
+        if (cnt) vf_st_part(y, o + full, apply_ps(vf_ld_part(x, o + full, cnt, cnt, dt), tm, tl, ta, tb), cnt, dt);
     }
-    _mm_sfence();
+    stream_fence();
 }
 
 INLINE void gapply_run_nt_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
-    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
-    __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
+    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
+    vf a = vf_set1(p->a[0]), b = vf_set1(p->b[0]), c = vf_set1(p->c[0]);
     int64_t i = peel16(dx, n, dt);
-    if (i) st_part(dx, 0, gapply_ps(ld_part(dy, 0, i, n, dt), ld_part(x, 0, i, n, dt), m, l, a, b, c), i, dt);
+    if (i) vf_st_part(dx, 0, gapply_ps(vf_ld_part(dy, 0, i, n, dt), vf_ld_part(x, 0, i, n, dt), m, l, a, b, c), i, dt);
     if (!dt && !((uintptr_t)elem_at(dx, i, dt) & 31))
         for (; i + 8 <= n; i += 8)
-            st8_nt32((float *)dx, i, gapply_ps(ld8(dy, i, dt), ld8(x, i, dt), m, l, a, b, c));
+            vf_stream_aligned((float *)dx, i, gapply_ps(vf_ld(dy, i, dt), vf_ld(x, i, dt), m, l, a, b, c));
     if (dt == CFBN_BF16 && i + 8 <= n && ((uintptr_t)elem_at(dx, i, dt) & 31)) {
-        st8_nt(dx, i, gapply_ps(ld8(dy, i, dt), ld8(x, i, dt), m, l, a, b, c), dt);
+        vf_st_nt(dx, i, gapply_ps(vf_ld(dy, i, dt), vf_ld(x, i, dt), m, l, a, b, c), dt);
         i += 8;
     }
     for (; dt == CFBN_BF16 && i + 32 <= n; i += 32) {
-        __m256 ge0, go0, xe0, xo0, ge1, go1, xe1, xo1;
+        vf ge0, go0, xe0, xo0, ge1, go1, xe1, xo1;
         prefetch_ahead_of(dy, i, CFBN_BF16), prefetch_ahead_of(x, i, CFBN_BF16);
-        ld16_eo(dy, i, &ge0, &go0);
-        ld16_eo(x, i, &xe0, &xo0);
-        ld16_eo(dy, i + 16, &ge1, &go1);
-        ld16_eo(x, i + 16, &xe1, &xo1);
-        st32_eo_nt(dx, i, gapply_ps(ge0, xe0, m, l, a, b, c), gapply_ps(go0, xo0, m, l, a, b, c),
+        vf_ld_eo(dy, i, &ge0, &go0);
+        vf_ld_eo(x, i, &xe0, &xo0);
+        vf_ld_eo(dy, i + 16, &ge1, &go1);
+        vf_ld_eo(x, i + 16, &xe1, &xo1);
+        vf_st_eo2_nt(dx, i, gapply_ps(ge0, xe0, m, l, a, b, c), gapply_ps(go0, xo0, m, l, a, b, c),
                    gapply_ps(ge1, xe1, m, l, a, b, c), gapply_ps(go1, xo1, m, l, a, b, c));
     }
     for (; i + 8 <= n; i += 8)
-        st8_nt(dx, i, gapply_ps(ld8(dy, i, dt), ld8(x, i, dt), m, l, a, b, c), dt);
+        vf_st_nt(dx, i, gapply_ps(vf_ld(dy, i, dt), vf_ld(x, i, dt), m, l, a, b, c), dt);
     if (i < n) {
         int64_t k = n - i;
-        st_part(dx, i, gapply_ps(ld_part(dy, i, k, k, dt), ld_part(x, i, k, k, dt), m, l, a, b, c), k, dt);
+        vf_st_part(dx, i, gapply_ps(vf_ld_part(dy, i, k, k, dt), vf_ld_part(x, i, k, k, dt), m, l, a, b, c), k, dt);
     }
-    _mm_sfence();
+    stream_fence();
 }
 
 INLINE void gapply_rows_nt_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
@@ -1231,31 +1231,31 @@ INLINE void gapply_rows_nt_ps(const void *dy, const void *x, void *dx, int64_t r
 {
     if (eo_rows(dt, w)) {
         gapply_rows_eo(dy, x, dx, rows, w, p, 1);
-        _mm_sfence();
+        stream_fence();
         return;
     }
     const int64_t full = w & ~(int64_t)7, cnt = w - full;
-    __m256 tm = _mm256_setzero_ps(), tl = tm, ta = tm, tb = tm, tc = tm;
+    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm, tc = tm;
     if (cnt) {
-        __m256i mk = mask_ps(cnt);
-        tm = _mm256_maskload_ps(p->mhi + full, mk);
-        tl = _mm256_maskload_ps(p->mlo + full, mk);
-        ta = _mm256_maskload_ps(p->a + full, mk);
-        tb = _mm256_maskload_ps(p->b + full, mk);
-        tc = _mm256_maskload_ps(p->c + full, mk);
+        __m256i mk = vf_mask_first(cnt);
+        tm = vf_load_part(p->mhi + full, mk);
+        tl = vf_load_part(p->mlo + full, mk);
+        ta = vf_load_part(p->a + full, mk);
+        tb = vf_load_part(p->b + full, mk);
+        tc = vf_load_part(p->c + full, mk);
     }
     for (int64_t r = 0; r < rows; r++) {
         const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 8) {
-            st8_nt(dx, o + j, gapply_ps(ld8(dy, o + j, dt), ld8(x, o + j, dt), _mm256_loadu_ps(p->mhi + j),
-                                        _mm256_loadu_ps(p->mlo + j), _mm256_loadu_ps(p->a + j),
-                                        _mm256_loadu_ps(p->b + j), _mm256_loadu_ps(p->c + j)), dt);
+            vf_st_nt(dx, o + j, gapply_ps(vf_ld(dy, o + j, dt), vf_ld(x, o + j, dt), vf_load(p->mhi + j),
+                                        vf_load(p->mlo + j), vf_load(p->a + j),
+                                        vf_load(p->b + j), vf_load(p->c + j)), dt);
         }
         if (cnt)
-            st_part(dx, o + full, gapply_ps(ld_part(dy, o + full, cnt, cnt, dt), ld_part(x, o + full, cnt, cnt, dt),
+            vf_st_part(dx, o + full, gapply_ps(vf_ld_part(dy, o + full, cnt, cnt, dt), vf_ld_part(x, o + full, cnt, cnt, dt),
                                             tm, tl, ta, tb, tc), cnt, dt);
     }
-    _mm_sfence();
+    stream_fence();
 }
 
 
@@ -1273,98 +1273,98 @@ INLINE int rows_stream_ok(const float *out, int64_t w)
  * normal number (k in [-126, 127]); outside it the activations below are
  * flat to float precision anyway.  min/max take the NaN operand second so a
  * NaN stays NaN. */
-INLINE __m256 exp_ps(__m256 x)
+INLINE vf exp_ps(vf x)
 {
-    x = _mm256_max_ps(_mm256_set1_ps(-87.33654f), _mm256_min_ps(_mm256_set1_ps(88.0f), x));
-    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+    x = vf_max(vf_set1(-87.33654f), vf_min(vf_set1(88.0f), x));
+    vf k = _mm256_round_ps(vf_mul(x, vf_set1(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    vf r = vf_fnma(k, vf_set1(0.693359375f), x);
+    r = vf_fnma(k, vf_set1(-2.12194440e-4f), r);
+    vf p = vf_set1(1.9875691500e-4f);
+    p = vf_fma(p, r, vf_set1(1.3981999507e-3f));
+    p = vf_fma(p, r, vf_set1(8.3334519073e-3f));
+    p = vf_fma(p, r, vf_set1(4.1665795894e-2f));
+    p = vf_fma(p, r, vf_set1(1.6666665459e-1f));
+    p = vf_fma(p, r, vf_set1(5.0000001201e-1f));
+    p = vf_fma(p, vf_mul(r, r), vf_add(r, vf_set1(1.0f)));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return vf_mul(p, _mm256_castsi256_ps(e));
 }
 
-INLINE __m256 sigmoid_ps(__m256 v)
+INLINE vf sigmoid_ps(vf v)
 {
-    const __m256 one = _mm256_set1_ps(1.0f);
-    return _mm256_div_ps(one, _mm256_add_ps(one, exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+    const vf one = vf_set1(1.0f);
+    return vf_div(one, vf_add(one, exp_ps(vf_sub(vf_zero(), v))));
 }
 
 /* tanh: for |v| < 0.625 Cephes' odd polynomial v + v^3 P(v^2), because
  * 1 - 2/(e^2|v| + 1) loses relative precision as |v| -> 0; above, that
  * formula, whose error is then a couple of ulps of the result. */
-INLINE __m256 tanh_ps(__m256 v)
+INLINE vf tanh_ps(vf v)
 {
-    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
-    __m256 a = _mm256_andnot_ps(sign, v);
-    __m256 z = _mm256_mul_ps(v, v);
-    __m256 p = _mm256_set1_ps(-5.70498872745e-3f);
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(2.06390887954e-2f));
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-5.37397155531e-2f));
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036e-1f));
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422e-1f));
-    __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), v, v);
-    __m256 e = exp_ps(_mm256_add_ps(a, a));
-    __m256 big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
-    big = _mm256_or_ps(big, _mm256_and_ps(sign, v));
-    return _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
+    const vf sign = vf_set1(-0.0f), one = vf_set1(1.0f);
+    vf a = vf_andnot(sign, v);
+    vf z = vf_mul(v, v);
+    vf p = vf_set1(-5.70498872745e-3f);
+    p = vf_fma(p, z, vf_set1(2.06390887954e-2f));
+    p = vf_fma(p, z, vf_set1(-5.37397155531e-2f));
+    p = vf_fma(p, z, vf_set1(1.33314422036e-1f));
+    p = vf_fma(p, z, vf_set1(-3.33332819422e-1f));
+    vf small = vf_fma(vf_mul(p, z), v, v);
+    vf e = exp_ps(vf_add(a, a));
+    vf big = vf_sub(one, vf_div(vf_set1(2.0f), vf_add(e, one)));
+    big = vf_or(big, vf_and(sign, v));
+    return _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, vf_set1(0.625f), _CMP_LT_OQ));
 }
 
-INLINE __m256 act_ps(__m256 v, int kind, __m256 al)
+INLINE vf act_ps(vf v, int kind, vf al)
 {
-    const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+    const vf zero = vf_zero(), one = vf_set1(1.0f);
     switch ((enum cfbn_activation)kind) {
     case CFBN_ACT_NONE: return v;
-    case CFBN_ACT_RELU: return _mm256_max_ps(zero, v);
-    case CFBN_ACT_RELU6: return _mm256_min_ps(_mm256_set1_ps(6.0f), _mm256_max_ps(zero, v));
+    case CFBN_ACT_RELU: return vf_max(zero, v);
+    case CFBN_ACT_RELU6: return vf_min(vf_set1(6.0f), vf_max(zero, v));
     case CFBN_ACT_LEAKY_RELU:
-        return _mm256_blendv_ps(v, _mm256_mul_ps(al, v), _mm256_cmp_ps(v, zero, _CMP_LT_OQ));
+        return _mm256_blendv_ps(v, vf_mul(al, v), _mm256_cmp_ps(v, zero, _CMP_LT_OQ));
     case CFBN_ACT_ELU:
-        return _mm256_blendv_ps(v, _mm256_mul_ps(al, _mm256_sub_ps(exp_ps(v), one)), _mm256_cmp_ps(v, zero, _CMP_LT_OQ));
+        return _mm256_blendv_ps(v, vf_mul(al, vf_sub(exp_ps(v), one)), _mm256_cmp_ps(v, zero, _CMP_LT_OQ));
     case CFBN_ACT_SIGMOID: return sigmoid_ps(v);
     case CFBN_ACT_TANH: return tanh_ps(v);
     case CFBN_ACT_SILU:
-        return _mm256_div_ps(v, _mm256_add_ps(one, exp_ps(_mm256_sub_ps(zero, v))));
+        return vf_div(v, vf_add(one, exp_ps(vf_sub(zero, v))));
     }
-    return _mm256_set1_ps(NAN);   /* a code outside the enum */
+    return vf_set1(NAN);   /* a code outside the enum */
 }
 
 /* d act / d v; a NaN v gives NaN (the unordered mask is all ones, a NaN) */
-INLINE __m256 act_grad_ps(__m256 v, int kind, __m256 al)
+INLINE vf act_grad_ps(vf v, int kind, vf al)
 {
-    const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
-    __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-    __m256 pos = _mm256_cmp_ps(v, zero, _CMP_GT_OQ);
+    const vf zero = vf_zero(), one = vf_set1(1.0f);
+    vf nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    vf pos = _mm256_cmp_ps(v, zero, _CMP_GT_OQ);
     switch ((enum cfbn_activation)kind) {
     case CFBN_ACT_NONE: return one;
-    case CFBN_ACT_RELU: return _mm256_or_ps(_mm256_and_ps(pos, one), nan);
+    case CFBN_ACT_RELU: return vf_or(vf_and(pos, one), nan);
     case CFBN_ACT_RELU6: {
-        __m256 in = _mm256_and_ps(pos, _mm256_cmp_ps(v, _mm256_set1_ps(6.0f), _CMP_LT_OQ));
-        return _mm256_or_ps(_mm256_and_ps(in, one), nan);
+        vf in = vf_and(pos, _mm256_cmp_ps(v, vf_set1(6.0f), _CMP_LT_OQ));
+        return vf_or(vf_and(in, one), nan);
     }
-    case CFBN_ACT_LEAKY_RELU: return _mm256_or_ps(_mm256_blendv_ps(al, one, pos), nan);
-    case CFBN_ACT_ELU: return _mm256_blendv_ps(_mm256_mul_ps(al, exp_ps(v)), one, pos);
+    case CFBN_ACT_LEAKY_RELU: return vf_or(_mm256_blendv_ps(al, one, pos), nan);
+    case CFBN_ACT_ELU: return _mm256_blendv_ps(vf_mul(al, exp_ps(v)), one, pos);
     case CFBN_ACT_SIGMOID: {
-        __m256 s = sigmoid_ps(v);
-        return _mm256_mul_ps(s, _mm256_sub_ps(one, s));
+        vf s = sigmoid_ps(v);
+        return vf_mul(s, vf_sub(one, s));
     }
     case CFBN_ACT_TANH: {
-        __m256 t = tanh_ps(v);
-        return _mm256_fnmadd_ps(t, t, one);
+        vf t = tanh_ps(v);
+        return vf_fnma(t, t, one);
     }
     case CFBN_ACT_SILU: {
-        __m256 s = sigmoid_ps(v);
-        return _mm256_mul_ps(s, _mm256_fmadd_ps(v, _mm256_sub_ps(one, s), one));
+        vf s = sigmoid_ps(v);
+        return vf_mul(s, vf_fma(v, vf_sub(one, s), one));
     }
     }
-    return _mm256_set1_ps(NAN);   /* a code outside the enum */
+    return vf_set1(NAN);   /* a code outside the enum */
 }
 
 /* ---- fused activation and side input inside the vector loops ----
@@ -1387,25 +1387,25 @@ INLINE __m256 act_grad_ps(__m256 v, int kind, __m256 al)
 
 /* The pre-activation's parameter set of one 8-lane block: mhi, mlo, alpha
  * (ya for the gradient), beta (yb). */
-INLINE __m256 fused_pre_ps(__m256 x, __m256 s, const __m256 *q, int has_side)
+INLINE vf fused_pre_ps(vf x, vf s, const vf *q, int has_side)
 {
-    __m256 v = apply_ps(x, q[0], q[1], q[2], q[3]);
-    return has_side ? _mm256_add_ps(v, s) : v;
+    vf v = apply_ps(x, q[0], q[1], q[2], q[3]);
+    return has_side ? vf_add(v, s) : v;
 }
 
 /* g = dy * act'(pre); dy itself without an activation (side unread then) */
-INLINE __m256 fused_g_ps(__m256 dy, __m256 x, __m256 s, const __m256 *q, int kind, int has_side, __m256 al)
+INLINE vf fused_g_ps(vf dy, vf x, vf s, const vf *q, int kind, int has_side, vf al)
 {
     if (kind == CFBN_ACT_NONE) return dy;
-    return _mm256_mul_ps(dy, act_grad_ps(fused_pre_ps(x, s, q, has_side), kind, al));
+    return vf_mul(dy, act_grad_ps(fused_pre_ps(x, s, q, has_side), kind, al));
 }
 
 /* Parameters of the masked tail columns [full, full + cnt) of a row; the
  * dead lanes are 0, whatever they compute is never stored or summed. */
-INLINE void tail_params_ps(const float *const *v, int k, int64_t full, int64_t cnt, __m256 *out)
+INLINE void tail_params_ps(const float *const *v, int k, int64_t full, int64_t cnt, vf *out)
 {
-    __m256i mk = mask_ps(cnt);
-    for (int i = 0; i < k; i++) out[i] = cnt ? _mm256_maskload_ps(v[i] + full, mk) : _mm256_setzero_ps();
+    __m256i mk = vf_mask_first(cnt);
+    for (int i = 0; i < k; i++) out[i] = cnt ? vf_load_part(v[i] + full, mk) : vf_zero();
 }
 
 /* ya or yb, which are given only with an activation: without one they are
@@ -1416,18 +1416,18 @@ INLINE const float *yab_ps(const float *v, const cfbn_grad_f32 *p)
     return p->act != CFBN_ACT_NONE ? v : p->mhi;
 }
 
-INLINE void col_params_ps(const float *const *v, int k, int64_t j, __m256 *out)
+INLINE void col_params_ps(const float *const *v, int k, int64_t j, vf *out)
 {
-    for (int i = 0; i < k; i++) out[i] = _mm256_loadu_ps(v[i] + j);
+    for (int i = 0; i < k; i++) out[i] = vf_load(v[i] + j);
 }
 
 /* Whole vectors of fused outputs: with nt, non-temporal stores (outputs
  * 16-byte aligned at every vector, as the plain *_nt kernels write when the
  * router asks for streaming); tails use regular stores. */
-INLINE void st8_out(void *p, int64_t i, __m256 v, int dt, int nt)
+INLINE void st8_out(void *p, int64_t i, vf v, int dt, int nt)
 {
-    if (nt) st8_nt(p, i, v, dt);
-    else st8(p, i, v, dt);
+    if (nt) vf_st_nt(p, i, v, dt);
+    else vf_st(p, i, v, dt);
 }
 
 /* Streaming for a fused call: asked for, and every vector of the outputs
@@ -1441,93 +1441,93 @@ INLINE int fused_nt(int stream, int dt, const void *out, const void *out2, int64
 /* ---- forward: y = act(pre + side) ---- */
 
 /* q: mhi, mlo, alpha, beta of even 8-blocks, then of odd blocks */
-INLINE void fapply_flat_ps(const void *x, const void *side, void *y, int64_t n, const __m256 *q, int kind, int hs,
-                           __m256 al, int dt, int nt)
+INLINE void fapply_flat_ps(const void *x, const void *side, void *y, int64_t n, const vf *q, int kind, int hs,
+                           vf al, int dt, int nt)
 {
-    const __m256 z = _mm256_setzero_ps();
+    const vf z = vf_zero();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        __m256 x0 = ld8(x, i, dt), x1 = ld8(x, i + 8, dt), x2 = ld8(x, i + 16, dt), x3 = ld8(x, i + 24, dt);
-        __m256 s0 = hs ? ld8(side, i, dt) : z, s1 = hs ? ld8(side, i + 8, dt) : z;
-        __m256 s2 = hs ? ld8(side, i + 16, dt) : z, s3 = hs ? ld8(side, i + 24, dt) : z;
+        vf x0 = vf_ld(x, i, dt), x1 = vf_ld(x, i + 8, dt), x2 = vf_ld(x, i + 16, dt), x3 = vf_ld(x, i + 24, dt);
+        vf s0 = hs ? vf_ld(side, i, dt) : z, s1 = hs ? vf_ld(side, i + 8, dt) : z;
+        vf s2 = hs ? vf_ld(side, i + 16, dt) : z, s3 = hs ? vf_ld(side, i + 24, dt) : z;
         st8_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
         st8_out(y, i + 8, act_ps(fused_pre_ps(x1, s1, q + 4, hs), kind, al), dt, nt);
         st8_out(y, i + 16, act_ps(fused_pre_ps(x2, s2, q, hs), kind, al), dt, nt);
         st8_out(y, i + 24, act_ps(fused_pre_ps(x3, s3, q + 4, hs), kind, al), dt, nt);
     }
     for (; i + 16 <= n; i += 16) {
-        __m256 x0 = ld8(x, i, dt), x1 = ld8(x, i + 8, dt);
-        __m256 s0 = hs ? ld8(side, i, dt) : z, s1 = hs ? ld8(side, i + 8, dt) : z;
+        vf x0 = vf_ld(x, i, dt), x1 = vf_ld(x, i + 8, dt);
+        vf s0 = hs ? vf_ld(side, i, dt) : z, s1 = hs ? vf_ld(side, i + 8, dt) : z;
         st8_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
         st8_out(y, i + 8, act_ps(fused_pre_ps(x1, s1, q + 4, hs), kind, al), dt, nt);
     }
     if (i + 8 <= n) {
-        __m256 x0 = ld8(x, i, dt), s0 = hs ? ld8(side, i, dt) : z;
+        vf x0 = vf_ld(x, i, dt), s0 = hs ? vf_ld(side, i, dt) : z;
         st8_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
         i += 8;
     }
     if (i < n) {
-        const __m256 *r = q + 4 * ((i >> 3) & 1);
+        const vf *r = q + 4 * ((i >> 3) & 1);
         int64_t cnt = n - i;
-        __m256 x0 = ld_part(x, i, cnt, cnt, dt), s0 = hs ? ld_part(side, i, cnt, cnt, dt) : z;
-        st_part(y, i, act_ps(fused_pre_ps(x0, s0, r, hs), kind, al), cnt, dt);
+        vf x0 = vf_ld_part(x, i, cnt, cnt, dt), s0 = hs ? vf_ld_part(side, i, cnt, cnt, dt) : z;
+        vf_st_part(y, i, act_ps(fused_pre_ps(x0, s0, r, hs), kind, al), cnt, dt);
     }
 }
 
 /* rows of a width that 16 does not divide: 8 columns at a time, a masked
  * tail at the same columns of every row */
 INLINE void fapply_rows_w_ps(const void *x, const void *side, void *y, int64_t rows, int64_t w,
-                             const cfbn_apply_f32 *p, int kind, int hs, __m256 al, int dt, int nt)
+                             const cfbn_apply_f32 *p, int kind, int hs, vf al, int dt, int nt)
 {
     const float *const v[4] = {p->mhi, p->mlo, p->alpha, p->beta};
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
-    const __m256 z = _mm256_setzero_ps();
-    __m256 t[4];
+    const vf z = vf_zero();
+    vf t[4];
     tail_params_ps(v, 4, full, cnt, t);
     for (int64_t r = 0; r < rows; r++) {
         const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 8) {
-            __m256 q[4];
+            vf q[4];
             col_params_ps(v, 4, j, q);
-            __m256 x0 = ld8(x, o + j, dt), s0 = hs ? ld8(side, o + j, dt) : z;
+            vf x0 = vf_ld(x, o + j, dt), s0 = hs ? vf_ld(side, o + j, dt) : z;
             st8_out(y, o + j, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
         }
         if (cnt) {
             const int64_t av = n - o - full;
-            __m256 x0 = ld_part(x, o + full, cnt, av, dt), s0 = hs ? ld_part(side, o + full, cnt, av, dt) : z;
-            st_part(y, o + full, act_ps(fused_pre_ps(x0, s0, t, hs), kind, al), cnt, dt);
+            vf x0 = vf_ld_part(x, o + full, cnt, av, dt), s0 = hs ? vf_ld_part(side, o + full, cnt, av, dt) : z;
+            vf_st_part(y, o + full, act_ps(fused_pre_ps(x0, s0, t, hs), kind, al), cnt, dt);
         }
     }
 }
 
 /* One run's broadcast parameters of a fused forward kernel: mhi, mlo,
  * alpha, beta, twice (even and odd 8-blocks) */
-INLINE void fapply_params_ps(const cfbn_apply_f32 *p, __m256 *q)
+INLINE void fapply_params_ps(const cfbn_apply_f32 *p, vf *q)
 {
-    q[0] = q[4] = _mm256_set1_ps(p->mhi[0]);
-    q[1] = q[5] = _mm256_set1_ps(p->mlo[0]);
-    q[2] = q[6] = _mm256_set1_ps(p->alpha[0]);
-    q[3] = q[7] = _mm256_set1_ps(p->beta[0]);
+    q[0] = q[4] = vf_set1(p->mhi[0]);
+    q[1] = q[5] = vf_set1(p->mlo[0]);
+    q[2] = q[6] = vf_set1(p->alpha[0]);
+    q[3] = q[7] = vf_set1(p->beta[0]);
 }
 
 /* One run's broadcast parameters of a fused gradient kernel: mhi, mlo, ya,
  * yb (0 without an activation, which never reads them), then for the
  * gapply kernels also a, b, c; the set twice, for even and odd 8-blocks
  * (q: 8 or 14 vectors). */
-INLINE void fgrad_params_ps(const cfbn_grad_f32 *p, int gapply, __m256 *q)
+INLINE void fgrad_params_ps(const cfbn_grad_f32 *p, int gapply, vf *q)
 {
     const int w = gapply ? 7 : 4;
-    q[0] = _mm256_set1_ps(p->mhi[0]);
-    q[1] = _mm256_set1_ps(p->mlo[0]);
-    q[2] = q[3] = _mm256_setzero_ps();
+    q[0] = vf_set1(p->mhi[0]);
+    q[1] = vf_set1(p->mlo[0]);
+    q[2] = q[3] = vf_zero();
     if (p->act != CFBN_ACT_NONE) {
-        q[2] = _mm256_set1_ps(p->ya[0]);
-        q[3] = _mm256_set1_ps(p->yb[0]);
+        q[2] = vf_set1(p->ya[0]);
+        q[3] = vf_set1(p->yb[0]);
     }
     if (gapply) {
-        q[4] = _mm256_set1_ps(p->a[0]);
-        q[5] = _mm256_set1_ps(p->b[0]);
-        q[6] = _mm256_set1_ps(p->c[0]);
+        q[4] = vf_set1(p->a[0]);
+        q[5] = vf_set1(p->b[0]);
+        q[6] = vf_set1(p->c[0]);
     }
     for (int i = 0; i < w; i++) q[w + i] = q[i];
 }
@@ -1535,8 +1535,8 @@ INLINE void fgrad_params_ps(const cfbn_grad_f32 *p, int gapply, __m256 *q)
 INLINE void fapply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
 {
     const int nt = fused_nt(p->stream, dt, y, y, 0);
-    const __m256 al = _mm256_set1_ps(p->act_alpha);
-    __m256 q[8];
+    const vf al = vf_set1(p->act_alpha);
+    vf q[8];
     fapply_params_ps(p, q);
     const void *side = p->side;
 #define FAPPLY_RUN(k)                                                   \
@@ -1544,7 +1544,7 @@ INLINE void fapply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f3
     else fapply_flat_ps(x, NULL, y, n, q, k, 0, al, dt, nt)
     CFBN_ACT_SPECIALIZE(p->act, FAPPLY_RUN)
 #undef FAPPLY_RUN
-    if (nt) _mm_sfence();
+    if (nt) stream_fence();
 }
 
 INLINE void fapply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
@@ -1552,9 +1552,9 @@ INLINE void fapply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, cons
     const int nt = fused_nt(p->stream, dt, y, y, w);
     if (w <= 0) return;
     const void *side = p->side;
-    const __m256 al = _mm256_set1_ps(p->act_alpha);
+    const vf al = vf_set1(p->act_alpha);
     if (16 % w == 0) {
-        __m256 q[8];
+        vf q[8];
         lanes_ps(p->mhi, w, &q[0], &q[4]);
         lanes_ps(p->mlo, w, &q[1], &q[5]);
         lanes_ps(p->alpha, w, &q[2], &q[6]);
@@ -1564,7 +1564,7 @@ INLINE void fapply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, cons
     else fapply_flat_ps(x, NULL, y, rows * w, q, k, 0, al, dt, nt)
         CFBN_ACT_SPECIALIZE(p->act, FAPPLY_FLAT)
 #undef FAPPLY_FLAT
-        if (nt) _mm_sfence();
+        if (nt) stream_fence();
         return;
     }
 #define FAPPLY_ROWS(k)                                                          \
@@ -1572,7 +1572,7 @@ INLINE void fapply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, cons
     else fapply_rows_w_ps(x, NULL, y, rows, w, p, k, 0, al, dt, nt)
     CFBN_ACT_SPECIALIZE(p->act, FAPPLY_ROWS)
 #undef FAPPLY_ROWS
-    if (nt) _mm_sfence();
+    if (nt) stream_fence();
 }
 
 /* ---- gradient sums: sum g, sum g * ((x - mhi) - mlo), in double ----
@@ -1582,31 +1582,31 @@ INLINE void fapply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, cons
  * loop's samples on one store); (32,28,28,128) NHWC, relu with a side
  * input, gradient, one thread: 4.4-5.4 -> 3.7-3.8 ms (plain: 2.4 ms). */
 
-INLINE void st_g(void *go, int64_t i, __m256 g, int dt)
+INLINE void st_g(void *go, int64_t i, vf g, int dt)
 {
-    if (go) st8(go, i, g, dt);
+    if (go) vf_st(go, i, g, dt);
 }
 
-INLINE void st_g_part(void *go, int64_t i, __m256 g, int64_t cnt, int dt)
+INLINE void st_g_part(void *go, int64_t i, vf g, int64_t cnt, int dt)
 {
-    if (go) st_part(go, i, g, cnt, dt);
+    if (go) vf_st_part(go, i, g, cnt, dt);
 }
 
 /* q: mhi, mlo, ya, yb of even 8-blocks, then of odd blocks */
-INLINE void fgstats_flat_ps(const void *dy, const void *x, const void *side, void *go, int64_t n, const __m256 *q,
-                            int kind, int hs, __m256 al, int dt, acc8 *ea, acc8 *oa)
+INLINE void fgstats_flat_ps(const void *dy, const void *x, const void *side, void *go, int64_t n, const vf *q,
+                            int kind, int hs, vf al, int dt, acc8 *ea, acc8 *oa)
 {
-    const __m256 z = _mm256_setzero_ps();
+    const vf z = vf_zero();
     acc8 a = acc8_zero(), b = acc8_zero();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         prefetch_ahead_of(x, i, dt);
         prefetch_ahead_of(dy, i, dt);
         if (go) prefetch_ahead_of(go, i, dt);
-        __m256 x0 = ld8(x, i, dt), x1 = ld8(x, i + 8, dt);
-        __m256 s0 = hs ? ld8(side, i, dt) : z, s1 = hs ? ld8(side, i + 8, dt) : z;
-        __m256 g0 = fused_g_ps(ld8(dy, i, dt), x0, s0, q, kind, hs, al);
-        __m256 g1 = fused_g_ps(ld8(dy, i + 8, dt), x1, s1, q + 4, kind, hs, al);
+        vf x0 = vf_ld(x, i, dt), x1 = vf_ld(x, i + 8, dt);
+        vf s0 = hs ? vf_ld(side, i, dt) : z, s1 = hs ? vf_ld(side, i + 8, dt) : z;
+        vf g0 = fused_g_ps(vf_ld(dy, i, dt), x0, s0, q, kind, hs, al);
+        vf g1 = fused_g_ps(vf_ld(dy, i + 8, dt), x1, s1, q + 4, kind, hs, al);
         st_g(go, i, g0, dt);
         st_g(go, i + 8, g1, dt);
         gstats_step(&a, g0, centered_ps(x0, q[0], q[1]));
@@ -1614,22 +1614,22 @@ INLINE void fgstats_flat_ps(const void *dy, const void *x, const void *side, voi
     }
     int odd = 0;
     if (i + 8 <= n) {
-        __m256 x0 = ld8(x, i, dt), s0 = hs ? ld8(side, i, dt) : z;
-        __m256 g0 = fused_g_ps(ld8(dy, i, dt), x0, s0, q, kind, hs, al);
+        vf x0 = vf_ld(x, i, dt), s0 = hs ? vf_ld(side, i, dt) : z;
+        vf g0 = fused_g_ps(vf_ld(dy, i, dt), x0, s0, q, kind, hs, al);
         st_g(go, i, g0, dt);
         gstats_step(&a, g0, centered_ps(x0, q[0], q[1]));
         i += 8;
         odd = 1;
     }
     if (i < n) {
-        const __m256 *r = q + 4 * odd;
+        const vf *r = q + 4 * odd;
         int64_t cnt = n - i;
-        __m256i mk = mask_ps(cnt);
-        __m256 x0 = ld_part(x, i, cnt, cnt, dt), s0 = hs ? ld_part(side, i, cnt, cnt, dt) : z;
+        __m256i mk = vf_mask_first(cnt);
+        vf x0 = vf_ld_part(x, i, cnt, cnt, dt), s0 = hs ? vf_ld_part(side, i, cnt, cnt, dt) : z;
         /* dead lanes: g and d are masked to 0, whatever the activation of
          * a zero pre-activation gives */
-        __m256 g = and_ps(fused_g_ps(ld_part(dy, i, cnt, cnt, dt), x0, s0, r, kind, hs, al), mk);
-        __m256 d = and_ps(centered_ps(x0, r[0], r[1]), mk);
+        vf g = vf_keep(fused_g_ps(vf_ld_part(dy, i, cnt, cnt, dt), x0, s0, r, kind, hs, al), mk);
+        vf d = vf_keep(centered_ps(x0, r[0], r[1]), mk);
         st_g_part(go, i, g, cnt, dt);
         gstats_step(odd ? &b : &a, g, d);
     }
@@ -1640,10 +1640,10 @@ INLINE void fgstats_flat_ps(const void *dy, const void *x, const void *side, voi
 INLINE void acc8_add_to(const acc8 *a, double *s1, double *s2)
 {
     acc8 c = acc8_load(s1, s2);
-    c.s1lo = _mm256_add_pd(c.s1lo, a->s1lo);
-    c.s1hi = _mm256_add_pd(c.s1hi, a->s1hi);
-    c.s2lo = _mm256_add_pd(c.s2lo, a->s2lo);
-    c.s2hi = _mm256_add_pd(c.s2hi, a->s2hi);
+    c.s1lo = vd_add(c.s1lo, a->s1lo);
+    c.s1hi = vd_add(c.s1hi, a->s1hi);
+    c.s2lo = vd_add(c.s2lo, a->s2lo);
+    c.s2hi = vd_add(c.s2hi, a->s2hi);
     acc8_store(&c, s1, s2);
 }
 
@@ -1651,16 +1651,16 @@ INLINE void acc8_add_to(const acc8 *a, double *s1, double *s2)
  * 8-column group's sums in registers, added to acc (2 w doubles, in L1)
  * once per block */
 INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, int64_t rows, int64_t w,
-                              const cfbn_grad_f32 *p, int kind, int hs, __m256 al, int dt, double *acc)
+                              const cfbn_grad_f32 *p, int kind, int hs, vf al, int dt, double *acc)
 {
     const float *ya = yab_ps(p->ya, p), *yb = yab_ps(p->yb, p);
     const float *const v[4] = {p->mhi, p->mlo, ya, yb};
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
     const size_t es = dt ? 2 : 4;
-    const __m256 z = _mm256_setzero_ps();
-    const __m256i mk = mask_ps(cnt);
+    const vf z = vf_zero();
+    const __m256i mk = vf_mask_first(cnt);
     void *go = p->g_out;
-    __m256 t[4];
+    vf t[4];
     tail_params_ps(v, 4, full, cnt, t);
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
     acc8 ta = acc8_zero();
@@ -1668,7 +1668,7 @@ INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, i
     while (r < rows) {
         const int64_t kr = rows - r < 8 ? rows - r : 8, o = r * w;
         for (int64_t j = 0; j < full; j += 8) {
-            __m256 q[4];
+            vf q[4];
             col_params_ps(v, 4, j, q);
             if (kr == 8) {
                 prefetch_group_l2(dy, o, j, es);
@@ -1678,8 +1678,8 @@ INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, i
             acc8 c = acc8_zero();
             for (int64_t k = 0; k < kr; k++) {
                 const int64_t e = o + k * w + j;
-                __m256 x0 = ld8(x, e, dt), s0 = hs ? ld8(side, e, dt) : z;
-                __m256 g = fused_g_ps(ld8(dy, e, dt), x0, s0, q, kind, hs, al);
+                vf x0 = vf_ld(x, e, dt), s0 = hs ? vf_ld(side, e, dt) : z;
+                vf g = fused_g_ps(vf_ld(dy, e, dt), x0, s0, q, kind, hs, al);
                 st_g(go, e, g, dt);
                 gstats_step(&c, g, centered_ps(x0, q[0], q[1]));
             }
@@ -1688,10 +1688,10 @@ INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, i
         if (cnt) {
             for (int64_t k = 0; k < kr; k++) {
                 const int64_t e = o + k * w + full, av = n - e;
-                __m256 x0 = ld_part(x, e, cnt, av, dt), s0 = hs ? ld_part(side, e, cnt, av, dt) : z;
-                __m256 g = and_ps(fused_g_ps(ld_part(dy, e, cnt, av, dt), x0, s0, t, kind, hs, al), mk);
+                vf x0 = vf_ld_part(x, e, cnt, av, dt), s0 = hs ? vf_ld_part(side, e, cnt, av, dt) : z;
+                vf g = vf_keep(fused_g_ps(vf_ld_part(dy, e, cnt, av, dt), x0, s0, t, kind, hs, al), mk);
                 st_g_part(go, e, g, cnt, dt);
-                gstats_step(&ta, g, and_ps(centered_ps(x0, t[0], t[1]), mk));
+                gstats_step(&ta, g, vf_keep(centered_ps(x0, t[0], t[1]), mk));
             }
         }
         r += kr;
@@ -1735,11 +1735,11 @@ INLINE void fgstats_redo_columns(const void *dy, const void *x, int64_t rows, in
 
 /* rows of a multiple of 8 wider than 16 (gstats_rows8_ps with g for dy) */
 INLINE void fgstats_rows8_ps(const void *dy, const void *x, const void *side, int64_t rows, int64_t w,
-                             const cfbn_grad_f32 *p, int kind, int hs, __m256 al, int dt, double *acc)
+                             const cfbn_grad_f32 *p, int kind, int hs, vf al, int dt, double *acc)
 {
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
     const size_t es = dt ? 2 : 4, rs = (size_t)w * es;
-    const __m256 z = _mm256_setzero_ps();
+    const vf z = vf_zero();
     void *go = p->g_out;
     int64_t r = 0;
     for (; r + 8 <= rows; r += 8) {
@@ -1751,33 +1751,33 @@ INLINE void fgstats_rows8_ps(const void *dy, const void *x, const void *side, in
             prefetch_group_l2(x, o, j, es);
             if (hs) prefetch_group_l2(side, o, j, es);
             if (go) prefetch_group_l2(go, o, j, es);
-            const __m256 q[4] = {_mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j),
-                                 _mm256_loadu_ps(p->ya + j), _mm256_loadu_ps(p->yb + j)};
-            __m256 sg[4], sq[4];
+            const vf q[4] = {vf_load(p->mhi + j), vf_load(p->mlo + j),
+                                 vf_load(p->ya + j), vf_load(p->yb + j)};
+            vf sg[4], sq[4];
             for (int k = 0; k < 4; k++) {
-                __m256 x0 = ld8(bx + 2 * k * rs, 0, dt), x1 = ld8(bx + (2 * k + 1) * rs, 0, dt);
-                __m256 s0 = hs ? ld8(bs + 2 * k * rs, 0, dt) : z, s1 = hs ? ld8(bs + (2 * k + 1) * rs, 0, dt) : z;
-                __m256 g0 = fused_g_ps(ld8(bd + 2 * k * rs, 0, dt), x0, s0, q, kind, hs, al);
-                __m256 g1 = fused_g_ps(ld8(bd + (2 * k + 1) * rs, 0, dt), x1, s1, q, kind, hs, al);
+                vf x0 = vf_ld(bx + 2 * k * rs, 0, dt), x1 = vf_ld(bx + (2 * k + 1) * rs, 0, dt);
+                vf s0 = hs ? vf_ld(bs + 2 * k * rs, 0, dt) : z, s1 = hs ? vf_ld(bs + (2 * k + 1) * rs, 0, dt) : z;
+                vf g0 = fused_g_ps(vf_ld(bd + 2 * k * rs, 0, dt), x0, s0, q, kind, hs, al);
+                vf g1 = fused_g_ps(vf_ld(bd + (2 * k + 1) * rs, 0, dt), x1, s1, q, kind, hs, al);
                 st_g(go, o + 2 * k * w + j, g0, dt);
                 st_g(go, o + (2 * k + 1) * w + j, g1, dt);
-                __m256 u0 = _mm256_sub_ps(x0, q[0]), u1 = _mm256_sub_ps(x1, q[0]);
-                sg[k] = _mm256_add_ps(g0, g1);
-                sq[k] = _mm256_fmadd_ps(g1, u1, _mm256_mul_ps(g0, u0));
+                vf u0 = vf_sub(x0, q[0]), u1 = vf_sub(x1, q[0]);
+                sg[k] = vf_add(g0, g1);
+                sq[k] = vf_fma(g1, u1, vf_mul(g0, u0));
             }
-            __m256 t1 = _mm256_add_ps(_mm256_add_ps(sg[0], sg[1]), _mm256_add_ps(sg[2], sg[3]));
-            __m256 t2 = _mm256_add_ps(_mm256_add_ps(sq[0], sq[1]), _mm256_add_ps(sq[2], sq[3]));
+            vf t1 = vf_add(vf_add(sg[0], sg[1]), vf_add(sg[2], sg[3]));
+            vf t2 = vf_add(vf_add(sq[0], sq[1]), vf_add(sq[2], sq[3]));
             add_block_mlo(acc, w, j, t1, t2, q[1]);
         }
     }
     for (; r < rows; r++) {
         for (int64_t j = 0; j < w; j += 8) {
-            const __m256 q[4] = {_mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j),
-                                 _mm256_loadu_ps(p->ya + j), _mm256_loadu_ps(p->yb + j)};
-            __m256 x0 = ld8(x, r * w + j, dt), s0 = hs ? ld8(side, r * w + j, dt) : z;
-            __m256 g = fused_g_ps(ld8(dy, r * w + j, dt), x0, s0, q, kind, hs, al);
+            const vf q[4] = {vf_load(p->mhi + j), vf_load(p->mlo + j),
+                                 vf_load(p->ya + j), vf_load(p->yb + j)};
+            vf x0 = vf_ld(x, r * w + j, dt), s0 = hs ? vf_ld(side, r * w + j, dt) : z;
+            vf g = fused_g_ps(vf_ld(dy, r * w + j, dt), x0, s0, q, kind, hs, al);
             st_g(go, r * w + j, g, dt);
-            add_block(acc, w, j, g, _mm256_mul_ps(g, centered_ps(x0, q[0], q[1])));
+            add_block(acc, w, j, g, vf_mul(g, centered_ps(x0, q[0], q[1])));
         }
     }
     if (any_suspect(acc, w, (double)rows)) fgstats_redo_columns(dy, x, rows, w, p, acc, dt);
@@ -1785,14 +1785,14 @@ INLINE void fgstats_rows8_ps(const void *dy, const void *x, const void *side, in
 
 /* a run: 128-element stretches summed as gstats_flat_ps's tree, the rest by
  * fgstats_flat_ps's double steps */
-INLINE void fgstats_tree_vec(const void *dy, const void *x, const void *side, void *go, int64_t n, const __m256 *q,
-                             int kind, int hs, __m256 al, int dt, __m256d *v1, __m256d *v2)
+INLINE void fgstats_tree_vec(const void *dy, const void *x, const void *side, void *go, int64_t n, const vf *q,
+                             int kind, int hs, vf al, int dt, vd *v1, vd *v2)
 {
-    const __m256 z = _mm256_setzero_ps();
+    const vf z = vf_zero();
     acc8 a = acc8_zero(), b = acc8_zero(), e, o;
     int64_t i = 0;
     for (; i + 128 <= n; i += 128) {
-        __m256 g[8], d[8];
+        vf g[8], d[8];
         for (int h = 0; h < 2; h++) {
             for (int k = 0; k < 8; k++) {
                 int64_t e0 = i + 16 * k + 8 * h;
@@ -1802,35 +1802,35 @@ INLINE void fgstats_tree_vec(const void *dy, const void *x, const void *side, vo
                     if (hs) prefetch_ahead_of(side, e0, dt);
                     if (go) prefetch_ahead_of(go, e0, dt);
                 }
-                __m256 x0 = ld8(x, e0, dt), s0 = hs ? ld8(side, e0, dt) : z;
-                g[k] = fused_g_ps(ld8(dy, e0, dt), x0, s0, q, kind, hs, al);
+                vf x0 = vf_ld(x, e0, dt), s0 = hs ? vf_ld(side, e0, dt) : z;
+                g[k] = fused_g_ps(vf_ld(dy, e0, dt), x0, s0, q, kind, hs, al);
                 st_g(go, e0, g[k], dt);
-                d[k] = _mm256_sub_ps(x0, q[0]);
+                d[k] = vf_sub(x0, q[0]);
             }
             gstats_tree_step(h ? &b : &a, g, d, q[1]);
         }
     }
     fgstats_flat_ps(elem_at(dy, i, dt), elem_at(x, i, dt), hs ? elem_at(side, i, dt) : NULL,
                     go ? (void *)elem_at(go, i, dt) : NULL, n - i, q, kind, hs, al, dt, &e, &o);
-    *v1 = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)),
-                        _mm256_add_pd(_mm256_add_pd(e.s1lo, e.s1hi), _mm256_add_pd(o.s1lo, o.s1hi)));
-    *v2 = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)),
-                        _mm256_add_pd(_mm256_add_pd(e.s2lo, e.s2hi), _mm256_add_pd(o.s2lo, o.s2hi)));
+    *v1 = vd_add(vd_add(vd_add(a.s1lo, a.s1hi), vd_add(b.s1lo, b.s1hi)),
+                        vd_add(vd_add(e.s1lo, e.s1hi), vd_add(o.s1lo, o.s1hi)));
+    *v2 = vd_add(vd_add(vd_add(a.s2lo, a.s2hi), vd_add(b.s2lo, b.s2hi)),
+                        vd_add(vd_add(e.s2lo, e.s2hi), vd_add(o.s2lo, o.s2hi)));
 }
 
-INLINE void fgstats_tree_ps(const void *dy, const void *x, const void *side, void *go, int64_t n, const __m256 *q,
-                            int kind, int hs, __m256 al, int dt, double *acc)
+INLINE void fgstats_tree_ps(const void *dy, const void *x, const void *side, void *go, int64_t n, const vf *q,
+                            int kind, int hs, vf al, int dt, double *acc)
 {
-    __m256d v1, v2;
+    vd v1, v2;
     fgstats_tree_vec(dy, x, side, go, n, q, kind, hs, al, dt, &v1, &v2);
-    acc[0] = hsum_pd(v1);
-    acc[1] = hsum_pd(v2);
+    acc[0] = vd_hsum(v1);
+    acc[1] = vd_hsum(v2);
 }
 
 INLINE void fgstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int dt)
 {
-    const __m256 al = _mm256_set1_ps(p->act_alpha);
-    __m256 q[8];
+    const vf al = vf_set1(p->act_alpha);
+    vf q[8];
     fgrad_params_ps(p, 0, q);
     const void *side = p->side;
 #define FGSTATS_RUN(k)                                                          \
@@ -1846,7 +1846,7 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
 {
     if (w <= 0) return;
     const void *side = p->side;
-    const __m256 al = _mm256_set1_ps(p->act_alpha);
+    const vf al = vf_set1(p->act_alpha);
     if (w % 8 == 0 && w > 16) {
 #define FGSTATS_ROWS8(k)                                                                \
     if (side) fgstats_rows8_ps(dy, x, side, rows, w, p, k, 1, al, dt, acc);           \
@@ -1856,11 +1856,11 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
         return;
     }
     if (16 % w == 0) {
-        __m256 q[8];
+        vf q[8];
         double s1[16], s2[16];
         lanes_ps(p->mhi, w, &q[0], &q[4]);
         lanes_ps(p->mlo, w, &q[1], &q[5]);
-        q[2] = q[3] = q[6] = q[7] = _mm256_setzero_ps();
+        q[2] = q[3] = q[6] = q[7] = vf_zero();
         if (p->act != CFBN_ACT_NONE) {
             lanes_ps(p->ya, w, &q[2], &q[6]);
             lanes_ps(p->yb, w, &q[3], &q[7]);
@@ -1890,15 +1890,15 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
 
 /* q: mhi, mlo, ya, yb, a, b, c of even 8-blocks, then of odd blocks */
 INLINE void fgapply_flat_ps(const void *dy, const void *x, const void *side, void *dx, void *sg, int64_t n,
-                            const __m256 *q, int kind, int hs, __m256 al, int dt, int nt)
+                            const vf *q, int kind, int hs, vf al, int dt, int nt)
 {
-    const __m256 z = _mm256_setzero_ps();
+    const vf z = vf_zero();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m256 x0 = ld8(x, i, dt), x1 = ld8(x, i + 8, dt);
-        __m256 s0 = hs ? ld8(side, i, dt) : z, s1 = hs ? ld8(side, i + 8, dt) : z;
-        __m256 g0 = fused_g_ps(ld8(dy, i, dt), x0, s0, q, kind, hs, al);
-        __m256 g1 = fused_g_ps(ld8(dy, i + 8, dt), x1, s1, q + 7, kind, hs, al);
+        vf x0 = vf_ld(x, i, dt), x1 = vf_ld(x, i + 8, dt);
+        vf s0 = hs ? vf_ld(side, i, dt) : z, s1 = hs ? vf_ld(side, i + 8, dt) : z;
+        vf g0 = fused_g_ps(vf_ld(dy, i, dt), x0, s0, q, kind, hs, al);
+        vf g1 = fused_g_ps(vf_ld(dy, i + 8, dt), x1, s1, q + 7, kind, hs, al);
         if (sg) {
             st8_out(sg, i, g0, dt, nt);
             st8_out(sg, i + 8, g1, dt, nt);
@@ -1907,30 +1907,30 @@ INLINE void fgapply_flat_ps(const void *dy, const void *x, const void *side, voi
         st8_out(dx, i + 8, gapply_ps(g1, x1, q[7], q[8], q[11], q[12], q[13]), dt, nt);
     }
     if (i + 8 <= n) {
-        __m256 x0 = ld8(x, i, dt), s0 = hs ? ld8(side, i, dt) : z;
-        __m256 g0 = fused_g_ps(ld8(dy, i, dt), x0, s0, q, kind, hs, al);
+        vf x0 = vf_ld(x, i, dt), s0 = hs ? vf_ld(side, i, dt) : z;
+        vf g0 = fused_g_ps(vf_ld(dy, i, dt), x0, s0, q, kind, hs, al);
         if (sg) st8_out(sg, i, g0, dt, nt);
         st8_out(dx, i, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), dt, nt);
         i += 8;
     }
     if (i < n) {
-        const __m256 *r = q + 7 * ((i >> 3) & 1);
+        const vf *r = q + 7 * ((i >> 3) & 1);
         int64_t cnt = n - i;
-        __m256 x0 = ld_part(x, i, cnt, cnt, dt), s0 = hs ? ld_part(side, i, cnt, cnt, dt) : z;
-        __m256 g0 = fused_g_ps(ld_part(dy, i, cnt, cnt, dt), x0, s0, r, kind, hs, al);
-        if (sg) st_part(sg, i, g0, cnt, dt);
-        st_part(dx, i, gapply_ps(g0, x0, r[0], r[1], r[4], r[5], r[6]), cnt, dt);
+        vf x0 = vf_ld_part(x, i, cnt, cnt, dt), s0 = hs ? vf_ld_part(side, i, cnt, cnt, dt) : z;
+        vf g0 = fused_g_ps(vf_ld_part(dy, i, cnt, cnt, dt), x0, s0, r, kind, hs, al);
+        if (sg) vf_st_part(sg, i, g0, cnt, dt);
+        vf_st_part(dx, i, gapply_ps(g0, x0, r[0], r[1], r[4], r[5], r[6]), cnt, dt);
     }
 }
 
 INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, void *dx, void *sg, int64_t rows,
-                              int64_t w, const cfbn_grad_f32 *p, int kind, int hs, __m256 al, int dt, int nt)
+                              int64_t w, const cfbn_grad_f32 *p, int kind, int hs, vf al, int dt, int nt)
 {
     const float *ya = yab_ps(p->ya, p), *yb = yab_ps(p->yb, p);
     const float *const v[7] = {p->mhi, p->mlo, ya, yb, p->a, p->b, p->c};
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
-    const __m256 z = _mm256_setzero_ps();
-    __m256 t[7];
+    const vf z = vf_zero();
+    vf t[7];
     tail_params_ps(v, 7, full, cnt, t);
     /* blocks of 8 rows, each 8-column group's 7 parameters loaded once per
      * block (loaded per row, they outnumber the data loads); one row at a
@@ -1958,22 +1958,22 @@ INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, v
                 prefetch_ahead_of(x, o + j, dt);
                 if (hs) prefetch_ahead_of(side, o + j, dt);
             }
-            __m256 q[7];
+            vf q[7];
             col_params_ps(v, 7, j, q);
             for (int64_t k = 0; k < kr; k++) {
                 const int64_t e = o + k * w + j;
-                __m256 x0 = ld8(x, e, dt), s0 = hs ? ld8(side, e, dt) : z;
-                __m256 g0 = fused_g_ps(ld8(dy, e, dt), x0, s0, q, kind, hs, al);
+                vf x0 = vf_ld(x, e, dt), s0 = hs ? vf_ld(side, e, dt) : z;
+                vf g0 = fused_g_ps(vf_ld(dy, e, dt), x0, s0, q, kind, hs, al);
                 if (sg) st8_out(sg, e, g0, dt, nt);
                 st8_out(dx, e, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), dt, nt);
             }
         }
         for (int64_t k = 0; cnt && k < kr; k++) {
             const int64_t e = o + k * w + full, av = n - e;
-            __m256 x0 = ld_part(x, e, cnt, av, dt), s0 = hs ? ld_part(side, e, cnt, av, dt) : z;
-            __m256 g0 = fused_g_ps(ld_part(dy, e, cnt, av, dt), x0, s0, t, kind, hs, al);
-            if (sg) st_part(sg, e, g0, cnt, dt);
-            st_part(dx, e, gapply_ps(g0, x0, t[0], t[1], t[4], t[5], t[6]), cnt, dt);
+            vf x0 = vf_ld_part(x, e, cnt, av, dt), s0 = hs ? vf_ld_part(side, e, cnt, av, dt) : z;
+            vf g0 = fused_g_ps(vf_ld_part(dy, e, cnt, av, dt), x0, s0, t, kind, hs, al);
+            if (sg) vf_st_part(sg, e, g0, cnt, dt);
+            vf_st_part(dx, e, gapply_ps(g0, x0, t[0], t[1], t[4], t[5], t[6]), cnt, dt);
         }
     }
 }
@@ -1981,8 +1981,8 @@ INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, v
 INLINE void fgapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
     const int nt = fused_nt(p->stream, dt, dx, p->side_grad ? p->side_grad : dx, 0);
-    const __m256 al = _mm256_set1_ps(p->act_alpha);
-    __m256 q[14];
+    const vf al = vf_set1(p->act_alpha);
+    vf q[14];
     fgrad_params_ps(p, 1, q);
     const void *side = p->side;
     void *sg = p->side_grad;
@@ -1991,7 +1991,7 @@ INLINE void fgapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, c
     else fgapply_flat_ps(dy, x, NULL, dx, sg, n, q, k, 0, al, dt, nt)
     CFBN_ACT_SPECIALIZE(p->act, FGAPPLY_RUN)
 #undef FGAPPLY_RUN
-    if (nt) _mm_sfence();
+    if (nt) stream_fence();
 }
 
 INLINE void fgapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
@@ -2001,12 +2001,12 @@ INLINE void fgapply_rows_ps(const void *dy, const void *x, void *dx, int64_t row
     if (w <= 0) return;
     const void *side = p->side;
     void *sg = p->side_grad;
-    const __m256 al = _mm256_set1_ps(p->act_alpha);
+    const vf al = vf_set1(p->act_alpha);
     if (16 % w == 0) {
-        __m256 q[14];
+        vf q[14];
         lanes_ps(p->mhi, w, &q[0], &q[7]);
         lanes_ps(p->mlo, w, &q[1], &q[8]);
-        q[2] = q[3] = q[9] = q[10] = _mm256_setzero_ps();
+        q[2] = q[3] = q[9] = q[10] = vf_zero();
         if (p->act != CFBN_ACT_NONE) {
             lanes_ps(p->ya, w, &q[2], &q[9]);
             lanes_ps(p->yb, w, &q[3], &q[10]);
@@ -2019,7 +2019,7 @@ INLINE void fgapply_rows_ps(const void *dy, const void *x, void *dx, int64_t row
     else fgapply_flat_ps(dy, x, NULL, dx, sg, rows * w, q, k, 0, al, dt, nt)
         CFBN_ACT_SPECIALIZE(p->act, FGAPPLY_FLAT)
 #undef FGAPPLY_FLAT
-        if (nt) _mm_sfence();
+        if (nt) stream_fence();
         return;
     }
 #define FGAPPLY_ROWS(k)                                                                 \
@@ -2027,7 +2027,7 @@ INLINE void fgapply_rows_ps(const void *dy, const void *x, void *dx, int64_t row
     else fgapply_rows_w_ps(dy, x, NULL, dx, sg, rows, w, p, k, 0, al, dt, nt)
     CFBN_ACT_SPECIALIZE(p->act, FGAPPLY_ROWS)
 #undef FGAPPLY_ROWS
-    if (nt) _mm_sfence();
+    if (nt) stream_fence();
 }
 
 /* Several runs of one channel (cfbn.h: runs, stride) in one call, without the
@@ -2037,9 +2037,9 @@ INLINE void fgapply_rows_ps(const void *dy, const void *x, void *dx, int64_t row
 
 INLINE void apply_runs_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
 {
-    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
-    __m256 a = _mm256_set1_ps(p->alpha[0]), b = _mm256_set1_ps(p->beta[0]);
-    const __m256 q[8] = {m, l, a, b, m, l, a, b};
+    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
+    vf a = vf_set1(p->alpha[0]), b = vf_set1(p->beta[0]);
+    const vf q[8] = {m, l, a, b, m, l, a, b};
     for (int64_t k = 0; k < p->runs; k++) {
         prefetch_next_run(elem_at(x, k * p->stride, dt), n * (dt ? 2 : 4));
         if (k + 1 < p->runs) prefetch_run_out(elem_at(y, (k + 1) * p->stride, dt), n * (dt ? 2 : 4));
@@ -2060,63 +2060,63 @@ INLINE void apply_runs_ps(const void *x, void *y, int64_t n, const cfbn_apply_f3
  * g = fused_g_ps(dy, ...) (dy itself with CFBN_ACT_NONE), q its parameters
  * (mhi, mlo, ya, yb).  Dead lanes of a run's tail: g masked to 0, d = 0 - 0. */
 INLINE int64_t gstats_runs8_ps(const void *dy, const void *x, const void *side, void *go, int64_t n, int64_t runs,
-                               int64_t st, const __m256 *q, int kind, int hs, __m256 al, int dt, __m256d *s1,
-                               __m256d *s2)
+                               int64_t st, const vf *q, int kind, int hs, vf al, int dt, vd *s1,
+                               vd *s2)
 {
-    const __m256 z = _mm256_setzero_ps();
+    const vf z = vf_zero();
     const int64_t full = n & ~(int64_t)7, cnt = n - full;
-    const __m256i mk = mask_ps(cnt);
-    const __m256 tm = and_ps(q[0], mk), tl = and_ps(q[1], mk);
+    const __m256i mk = vf_mask_first(cnt);
+    const vf tm = vf_keep(q[0], mk), tl = vf_keep(q[1], mk);
     int64_t k = 0;
     for (; k + 8 <= runs; k += 8) {
         acc8 a = acc8_zero();
-        __m256 g[8], d[8];
+        vf g[8], d[8];
         for (int64_t i = 0; i < full; i += 8) {
             for (int r = 0; r < 8; r++) {
                 const int64_t e = (k + r) * st + i;
-                __m256 x0 = ld8(x, e, dt), s0 = hs ? ld8(side, e, dt) : z;
-                g[r] = fused_g_ps(ld8(dy, e, dt), x0, s0, q, kind, hs, al);
+                vf x0 = vf_ld(x, e, dt), s0 = hs ? vf_ld(side, e, dt) : z;
+                g[r] = fused_g_ps(vf_ld(dy, e, dt), x0, s0, q, kind, hs, al);
                 st_g(go, e, g[r], dt);
-                d[r] = _mm256_sub_ps(x0, q[0]);
+                d[r] = vf_sub(x0, q[0]);
             }
             gstats_tree_step(&a, g, d, q[1]);
         }
         if (cnt) {
             for (int r = 0; r < 8; r++) {
                 const int64_t e = (k + r) * st + full;
-                __m256 x0 = ld_part(x, e, cnt, cnt, dt), s0 = hs ? ld_part(side, e, cnt, cnt, dt) : z;
-                g[r] = and_ps(fused_g_ps(ld_part(dy, e, cnt, cnt, dt), x0, s0, q, kind, hs, al), mk);
+                vf x0 = vf_ld_part(x, e, cnt, cnt, dt), s0 = hs ? vf_ld_part(side, e, cnt, cnt, dt) : z;
+                g[r] = vf_keep(fused_g_ps(vf_ld_part(dy, e, cnt, cnt, dt), x0, s0, q, kind, hs, al), mk);
                 st_g_part(go, e, g[r], cnt, dt);
-                d[r] = _mm256_sub_ps(x0, tm);
+                d[r] = vf_sub(x0, tm);
             }
             gstats_tree_step(&a, g, d, tl);
         }
-        *s1 = _mm256_add_pd(*s1, _mm256_add_pd(a.s1lo, a.s1hi));
-        *s2 = _mm256_add_pd(*s2, _mm256_add_pd(a.s2lo, a.s2hi));
+        *s1 = vd_add(*s1, vd_add(a.s1lo, a.s1hi));
+        *s2 = vd_add(*s2, vd_add(a.s2lo, a.s2hi));
     }
     return k;
 }
 
 INLINE void gstats_runs_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int dt)
 {
-    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
-    const __m256 q[4] = {m, l, m, l};
-    __m256d s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd();
+    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
+    const vf q[4] = {m, l, m, l};
+    vd s1 = vd_zero(), s2 = vd_zero();
     const int64_t st = p->stride;
     int64_t k = 0;
     if (n <= SHORT_RUN && (st * (dt ? 2 : 4)) % 4096 != 0)
-        k = gstats_runs8_ps(dy, x, NULL, NULL, n, p->runs, st, q, CFBN_ACT_NONE, 0, _mm256_setzero_ps(), dt, &s1,
+        k = gstats_runs8_ps(dy, x, NULL, NULL, n, p->runs, st, q, CFBN_ACT_NONE, 0, vf_zero(), dt, &s1,
                             &s2);
     for (; k < p->runs; k++) {
         acc8 a, b;
         prefetch_next_run(elem_at(dy, k * st, dt), n * (dt ? 2 : 4));
         prefetch_next_run(elem_at(x, k * st, dt), n * (dt ? 2 : 4));
         gstats_flat_ps(elem_at(dy, k * st, dt), elem_at(x, k * st, dt), n, q, dt, 1, &a, &b);
-        s1 = _mm256_add_pd(s1, _mm256_add_pd(_mm256_add_pd(a.s1lo, a.s1hi), _mm256_add_pd(b.s1lo, b.s1hi)));
-        s2 = _mm256_add_pd(s2, _mm256_add_pd(_mm256_add_pd(a.s2lo, a.s2hi), _mm256_add_pd(b.s2lo, b.s2hi)));
+        s1 = vd_add(s1, vd_add(vd_add(a.s1lo, a.s1hi), vd_add(b.s1lo, b.s1hi)));
+        s2 = vd_add(s2, vd_add(vd_add(a.s2lo, a.s2hi), vd_add(b.s2lo, b.s2hi)));
     }
-    acc[0] = hsum_pd(s1);
-    acc[1] = hsum_pd(s2);
+    acc[0] = vd_hsum(s1);
+    acc[1] = vd_hsum(s2);
     /* one channel's runs: checked once, on the totals (the losses bound by
      * needs_double add up over the runs as the sums do) */
     if (run_needs_double(acc, n * p->runs, p)) gstats_runs_pd(dy, x, n, p->runs, st, p, acc, dt);
@@ -2150,30 +2150,30 @@ INLINE void stats_runs_ps(const void *x, int64_t n, int64_t runs, int64_t st, do
         return;
     }
     const float kf = (float)shift;
-    const __m256 k = _mm256_set1_ps(kf);
+    const vf k = vf_set1(kf);
     const int64_t full = n & ~(int64_t)7, cnt = n - full;
     /* dead lanes of a run shorter than 8: x reads as 0 and k is masked to 0 */
-    const __m256 tk = and_ps(k, mask_ps(cnt));
+    const vf tk = vf_keep(k, vf_mask_first(cnt));
     const __m256i last = _mm256_cmpgt_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                             _mm256_set1_epi32((int)(7 - cnt)));
     acc8 a = acc8_zero();
     int64_t r = 0;
     for (; r + 8 <= runs; r += 8) {
-        __m256 d[8];
+        vf d[8];
         for (int64_t i = 0; i < full; i += 8) {
-            for (int j = 0; j < 8; j++) d[j] = sub_ps(ld8(x, (r + j) * st + i, dt), k);
+            for (int j = 0; j < 8; j++) d[j] = sub_ps(vf_ld(x, (r + j) * st + i, dt), k);
             stats_block_add(&a, d);
         }
         if (cnt && full) {
             /* the run's last 8 elements, the lanes already summed masked off */
-            for (int j = 0; j < 8; j++) d[j] = and_ps(_mm256_sub_ps(ld8(x, (r + j) * st + n - 8, dt), k), last);
+            for (int j = 0; j < 8; j++) d[j] = vf_keep(vf_sub(vf_ld(x, (r + j) * st + n - 8, dt), k), last);
             stats_block_add(&a, d);
         } else if (cnt) {
-            for (int j = 0; j < 8; j++) d[j] = _mm256_sub_ps(ld_part(x, (r + j) * st, cnt, cnt, dt), tk);
+            for (int j = 0; j < 8; j++) d[j] = vf_sub(vf_ld_part(x, (r + j) * st, cnt, cnt, dt), tk);
             stats_block_add(&a, d);
         }
     }
-    double s[2] = {hsum_pd(_mm256_add_pd(a.s1lo, a.s1hi)), hsum_pd(_mm256_add_pd(a.s2lo, a.s2hi))};
+    double s[2] = {vd_hsum(vd_add(a.s1lo, a.s1hi)), vd_hsum(vd_add(a.s2lo, a.s2hi))};
     stats_each_run(x, n, r, runs, st, (double)kf, 1, s, dt);
     const double count = (double)n * (double)runs, e = (double)kf - shift, ne = count * e;
     acc[0] = s[0] + ne;
@@ -2186,9 +2186,9 @@ INLINE void stats_runs_ps(const void *x, int64_t n, int64_t runs, int64_t st, do
 
 INLINE void gapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
-    __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
-    __m256 a = _mm256_set1_ps(p->a[0]), b = _mm256_set1_ps(p->b[0]), c = _mm256_set1_ps(p->c[0]);
-    const __m256 q[10] = {m, l, a, b, c, m, l, a, b, c};
+    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
+    vf a = vf_set1(p->a[0]), b = vf_set1(p->b[0]), c = vf_set1(p->c[0]);
+    const vf q[10] = {m, l, a, b, c, m, l, a, b, c};
     for (int64_t k = 0; k < p->runs; k++) {
         prefetch_next_run(elem_at(dy, k * p->stride, dt), n * (dt ? 2 : 4));
         prefetch_next_run(elem_at(x, k * p->stride, dt), n * (dt ? 2 : 4));
@@ -2208,7 +2208,7 @@ INLINE void gapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, c
  * NCHW (strides of 49 pages), relu gradient over the plain one, one thread:
  * 1.32 run by run, 1.18 8 runs at a time. */
 INLINE void fapply_runs_k(const void *x, const void *side, void *y, int64_t n, int64_t runs, int64_t st,
-                          const __m256 *q, int kind, int hs, __m256 al, int dt)
+                          const vf *q, int kind, int hs, vf al, int dt)
 {
     for (int64_t k = 0; k < runs; k++) {
         prefetch_next_run(elem_at(x, k * st, dt), n * (dt ? 2 : 4));
@@ -2221,8 +2221,8 @@ INLINE void fapply_runs_k(const void *x, const void *side, void *y, int64_t n, i
 
 INLINE void fapply_runs_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
 {
-    const __m256 al = _mm256_set1_ps(p->act_alpha);
-    __m256 q[8];
+    const vf al = vf_set1(p->act_alpha);
+    vf q[8];
     fapply_params_ps(p, q);
     const void *side = p->side;
 #define FAPPLY_RUNS(k)                                                              \
@@ -2251,29 +2251,29 @@ COLD void fgstats_runs_pd(const void *dy, const void *x, int64_t n, const cfbn_g
 }
 
 INLINE void fgstats_runs_k(const void *dy, const void *x, const void *side, void *go, int64_t n, int64_t runs,
-                           int64_t st, const __m256 *q, int kind, int hs, __m256 al, int dt, double *acc)
+                           int64_t st, const vf *q, int kind, int hs, vf al, int dt, double *acc)
 {
-    __m256d s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd();
+    vd s1 = vd_zero(), s2 = vd_zero();
     int64_t k = 0;
     if (n <= SHORT_RUN) k = gstats_runs8_ps(dy, x, side, go, n, runs, st, q, kind, hs, al, dt, &s1, &s2);
     for (; k < runs; k++) {
-        __m256d v1, v2;
+        vd v1, v2;
         prefetch_next_run(elem_at(dy, k * st, dt), n * (dt ? 2 : 4));
         prefetch_next_run(elem_at(x, k * st, dt), n * (dt ? 2 : 4));
         if (hs) prefetch_next_run(elem_at(side, k * st, dt), n * (dt ? 2 : 4));
         fgstats_tree_vec(elem_at(dy, k * st, dt), elem_at(x, k * st, dt), hs ? elem_at(side, k * st, dt) : NULL,
                          go ? (void *)elem_at(go, k * st, dt) : NULL, n, q, kind, hs, al, dt, &v1, &v2);
-        s1 = _mm256_add_pd(s1, v1);
-        s2 = _mm256_add_pd(s2, v2);
+        s1 = vd_add(s1, v1);
+        s2 = vd_add(s2, v2);
     }
-    acc[0] = hsum_pd(s1);
-    acc[1] = hsum_pd(s2);
+    acc[0] = vd_hsum(s1);
+    acc[1] = vd_hsum(s2);
 }
 
 INLINE void fgstats_runs_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int dt)
 {
-    const __m256 al = _mm256_set1_ps(p->act_alpha);
-    __m256 q[8];
+    const vf al = vf_set1(p->act_alpha);
+    vf q[8];
     fgrad_params_ps(p, 0, q);
     const void *side = p->side;
 #define FGSTATS_RUNS(k)                                                                      \
@@ -2286,7 +2286,7 @@ INLINE void fgstats_runs_ps(const void *dy, const void *x, int64_t n, const cfbn
 }
 
 INLINE void fgapply_runs_k(const void *dy, const void *x, const void *side, void *dx, void *sg, int64_t n,
-                           int64_t runs, int64_t st, const __m256 *q, int kind, int hs, __m256 al, int dt)
+                           int64_t runs, int64_t st, const vf *q, int kind, int hs, vf al, int dt)
 {
     for (int64_t k = 0; k < runs; k++) {
         prefetch_next_run(elem_at(dy, k * st, dt), n * (dt ? 2 : 4));
@@ -2304,8 +2304,8 @@ INLINE void fgapply_runs_k(const void *dy, const void *x, const void *side, void
 
 INLINE void fgapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
-    const __m256 al = _mm256_set1_ps(p->act_alpha);
-    __m256 q[14];
+    const vf al = vf_set1(p->act_alpha);
+    vf q[14];
     fgrad_params_ps(p, 1, q);
     const void *side = p->side;
     void *sg = p->side_grad;
@@ -2399,41 +2399,41 @@ EXTRA_ENTRIES(bf16, CFBN_BF16)
 
 /* The five sums of 4 lanes, in double. */
 typedef struct {
-    __m256d g, gd, q, qd, qg;
+    vd g, gd, q, qd, qg;
 } acc5;
 
 INLINE acc5 acc5_zero(void)
 {
-    const __m256d z = _mm256_setzero_pd();
+    const vd z = vd_zero();
     acc5 a = {z, z, z, z, z};
     return a;
 }
 
 INLINE acc5 acc5_add(acc5 a, acc5 b)
 {
-    acc5 r = {_mm256_add_pd(a.g, b.g), _mm256_add_pd(a.gd, b.gd), _mm256_add_pd(a.q, b.q),
-              _mm256_add_pd(a.qd, b.qd), _mm256_add_pd(a.qg, b.qg)};
+    acc5 r = {vd_add(a.g, b.g), vd_add(a.gd, b.gd), vd_add(a.q, b.q),
+              vd_add(a.qd, b.qd), vd_add(a.qg, b.qg)};
     return r;
 }
 
 /* acc[0..5): the five sums over the lanes of a */
 INLINE void acc5_total(acc5 a, double *acc)
 {
-    acc[0] = hsum_pd(a.g);
-    acc[1] = hsum_pd(a.gd);
-    acc[2] = hsum_pd(a.q);
-    acc[3] = hsum_pd(a.qd);
-    acc[4] = hsum_pd(a.qg);
+    acc[0] = vd_hsum(a.g);
+    acc[1] = vd_hsum(a.gd);
+    acc[2] = vd_hsum(a.q);
+    acc[3] = vd_hsum(a.qd);
+    acc[4] = vd_hsum(a.qg);
 }
 
 /* The lanes of a into lanes[k * stride ...] for sum k. */
 INLINE void acc5_store(const acc5 *a, double *lanes, int64_t stride)
 {
-    _mm256_storeu_pd(lanes, a->g);
-    _mm256_storeu_pd(lanes + stride, a->gd);
-    _mm256_storeu_pd(lanes + 2 * stride, a->q);
-    _mm256_storeu_pd(lanes + 3 * stride, a->qd);
-    _mm256_storeu_pd(lanes + 4 * stride, a->qg);
+    vd_store(lanes, a->g);
+    vd_store(lanes + stride, a->gd);
+    vd_store(lanes + 2 * stride, a->q);
+    vd_store(lanes + 3 * stride, a->qd);
+    vd_store(lanes + 4 * stride, a->qg);
 }
 
 /* Lane sums of a flat stream (lanes[k * period + l], lane l being column
@@ -2448,12 +2448,12 @@ static void fold_lanes5(const double *lanes, int64_t period, int64_t w, double *
  * belong to the next sum's columns. */
 INLINE void acc5_add_cols(const acc5 *a, double *acc, int64_t w, int64_t cnt)
 {
-    const __m256d v[5] = {a->g, a->gd, a->q, a->qd, a->qg};
-    const __m256i mk = mask_pd(cnt);
+    const vd v[5] = {a->g, a->gd, a->q, a->qd, a->qg};
+    const __m256i mk = vd_mask_first(cnt);
     for (int k = 0; k < 5; k++) {
         double *s = acc + k * w;
-        if (cnt >= 4) _mm256_storeu_pd(s, _mm256_add_pd(_mm256_loadu_pd(s), v[k]));
-        else _mm256_maskstore_pd(s, mk, _mm256_add_pd(_mm256_maskload_pd(s, mk), v[k]));
+        if (cnt >= 4) vd_store(s, vd_add(vd_load(s), v[k]));
+        else vd_store_part(s, mk, vd_add(vd_load_part(s, mk), v[k]));
     }
 }
 
@@ -2507,13 +2507,13 @@ INLINE void ggstats_redo_ps(const void *dy, const void *x, const void *ggx, int6
                             const cfbn_gg_f32 *p, double *acc, int dt)
 {
     if ((w & 3) == 0) {
-        const __m256d tiny = _mm256_set1_pd((double)rows * TINY_SUM);
-        __m256d bad = _mm256_setzero_pd();
+        const vd tiny = vd_set1((double)rows * TINY_SUM);
+        vd bad = vd_zero();
         for (int64_t j = 0; j < w; j += 4) {
-            __m256d q = _mm256_loadu_pd(acc + 2 * w + j);
-            bad = _mm256_or_pd(bad, suspect_pd(_mm256_loadu_pd(acc + j), _mm256_loadu_pd(acc + w + j), tiny));
-            bad = _mm256_or_pd(bad, suspect_pd(q, _mm256_loadu_pd(acc + 3 * w + j), tiny));
-            bad = _mm256_or_pd(bad, suspect_pd(q, _mm256_loadu_pd(acc + 4 * w + j), tiny));
+            vd q = vd_load(acc + 2 * w + j);
+            bad = _mm256_or_pd(bad, suspect_pd(vd_load(acc + j), vd_load(acc + w + j), tiny));
+            bad = _mm256_or_pd(bad, suspect_pd(q, vd_load(acc + 3 * w + j), tiny));
+            bad = _mm256_or_pd(bad, suspect_pd(q, vd_load(acc + 4 * w + j), tiny));
         }
         if (!_mm256_movemask_pd(bad)) return;
     }
@@ -2527,30 +2527,30 @@ INLINE void ggstats_redo_ps(const void *dy, const void *x, const void *ggx, int6
  * cnt (1..8) elements (avail readable from e) and zero past them, so that a
  * missing element adds nothing, even to the sums of an infinite mean */
 INLINE void gg_load_ps(const void *dy, const void *x, const void *ggx, int64_t e, int part, int64_t cnt,
-                       int64_t avail, __m256 m, int dt, __m256 *g, __m256 *q, __m256 *u)
+                       int64_t avail, vf m, int dt, vf *g, vf *q, vf *u)
 {
     if (!part) {
-        *g = ld8(dy, e, dt);
-        *q = ld8(ggx, e, dt);
-        *u = _mm256_sub_ps(ld8(x, e, dt), m);
+        *g = vf_ld(dy, e, dt);
+        *q = vf_ld(ggx, e, dt);
+        *u = vf_sub(vf_ld(x, e, dt), m);
         return;
     }
-    *g = ld_part(dy, e, cnt, avail, dt);
-    *q = ld_part(ggx, e, cnt, avail, dt);
-    *u = _mm256_sub_ps(ld_part(x, e, cnt, avail, dt), and_ps(m, mask_ps(cnt)));
+    *g = vf_ld_part(dy, e, cnt, avail, dt);
+    *q = vf_ld_part(ggx, e, cnt, avail, dt);
+    *u = vf_sub(vf_ld_part(x, e, cnt, avail, dt), vf_keep(m, vf_mask_first(cnt)));
 }
 
 /* Vector v (of nv, the last holding last elements) as gg_load_ps loads it,
  * zero past nv. */
 INLINE void gg_slot_ps(const void *dy, const void *x, const void *ggx, int64_t e, int64_t v, int64_t nv, int part,
-                       int64_t cnt, int64_t last, int64_t avail, __m256 m, int dt, __m256 *g, __m256 *q, __m256 *u)
+                       int64_t cnt, int64_t last, int64_t avail, vf m, int dt, vf *g, vf *q, vf *u)
 {
     if (v < nv - 1 || (v == nv - 1 && !part && last == 8)) {
         gg_load_ps(dy, x, ggx, e, part, cnt, avail, m, dt, g, q, u);
     } else if (v == nv - 1) {
         gg_load_ps(dy, x, ggx, e, 1, last, avail, m, dt, g, q, u);
     } else {
-        *g = *q = *u = _mm256_setzero_ps();
+        *g = *q = *u = vf_zero();
     }
 }
 
@@ -2561,67 +2561,67 @@ INLINE void gg_slot_ps(const void *dy, const void *x, const void *ggx, int64_t e
  * 4..7 (hi).  n < 0: each vector is readable only up to its cnt elements
  * (8 runs of a channel, not one stream). */
 INLINE void gg_block_ps(const void *dy, const void *x, const void *ggx, int64_t e0, int64_t step, int64_t n,
-                        int part, int64_t cnt, int64_t nv, int64_t last, __m256 m, __m256 l, int dt, acc5 *lo,
+                        int part, int64_t cnt, int64_t nv, int64_t last, vf m, vf l, int dt, acc5 *lo,
                         acc5 *hi)
 {
-    __m256 h[2][5];
+    vf h[2][5];
     for (int b = 0; b < 2; b++) {
-        __m256 s[2][5];
+        vf s[2][5];
         for (int k = 0; k < 2; k++) {
             const int64_t v = 4 * b + 2 * k, e = e0 + v * step;
-            __m256 g0, q0, u0, g1, q1, u1;
+            vf g0, q0, u0, g1, q1, u1;
             const int64_t av0 = n < 0 ? cnt : n - e, av1 = n < 0 ? cnt : n - e - step;
             gg_slot_ps(dy, x, ggx, e, v, nv, part, cnt, last, av0, m, dt, &g0, &q0, &u0);
             gg_slot_ps(dy, x, ggx, e + step, v + 1, nv, part, cnt, last, av1, m, dt, &g1, &q1, &u1);
-            s[k][0] = _mm256_add_ps(g0, g1);
-            s[k][1] = _mm256_fmadd_ps(g1, u1, _mm256_mul_ps(g0, u0));
-            s[k][2] = _mm256_add_ps(q0, q1);
-            s[k][3] = _mm256_fmadd_ps(q1, u1, _mm256_mul_ps(q0, u0));
-            s[k][4] = _mm256_fmadd_ps(q1, g1, _mm256_mul_ps(q0, g0));
+            s[k][0] = vf_add(g0, g1);
+            s[k][1] = vf_fma(g1, u1, vf_mul(g0, u0));
+            s[k][2] = vf_add(q0, q1);
+            s[k][3] = vf_fma(q1, u1, vf_mul(q0, u0));
+            s[k][4] = vf_fma(q1, g1, vf_mul(q0, g0));
         }
-        for (int i = 0; i < 5; i++) h[b][i] = _mm256_add_ps(s[0][i], s[1][i]);
+        for (int i = 0; i < 5; i++) h[b][i] = vf_add(s[0][i], s[1][i]);
     }
-    __m256 t[5];
-    for (int i = 0; i < 5; i++) t[i] = _mm256_add_ps(h[0][i], h[1][i]);
-    const __m256d llo = lo_pd(l), lhi = hi_pd(l);
-    const __m256d glo = lo_pd(t[0]), ghi = hi_pd(t[0]), qlo = lo_pd(t[2]), qhi = hi_pd(t[2]);
+    vf t[5];
+    for (int i = 0; i < 5; i++) t[i] = vf_add(h[0][i], h[1][i]);
+    const vd llo = vf_lo_pd(l), lhi = vf_hi_pd(l);
+    const vd glo = vf_lo_pd(t[0]), ghi = vf_hi_pd(t[0]), qlo = vf_lo_pd(t[2]), qhi = vf_hi_pd(t[2]);
     lo->g = glo;
     hi->g = ghi;
-    lo->gd = _mm256_fnmadd_pd(llo, glo, lo_pd(t[1]));
-    hi->gd = _mm256_fnmadd_pd(lhi, ghi, hi_pd(t[1]));
+    lo->gd = vd_fnma(llo, glo, vf_lo_pd(t[1]));
+    hi->gd = vd_fnma(lhi, ghi, vf_hi_pd(t[1]));
     lo->q = qlo;
     hi->q = qhi;
-    lo->qd = _mm256_fnmadd_pd(llo, qlo, lo_pd(t[3]));
-    hi->qd = _mm256_fnmadd_pd(lhi, qhi, hi_pd(t[3]));
-    lo->qg = lo_pd(t[4]);
-    hi->qg = hi_pd(t[4]);
+    lo->qd = vd_fnma(llo, qlo, vf_lo_pd(t[3]));
+    hi->qd = vd_fnma(lhi, qhi, vf_hi_pd(t[3]));
+    lo->qg = vf_lo_pd(t[4]);
+    hi->qg = vf_hi_pd(t[4]);
 }
 
-INLINE void gg_step_pd(acc5 *a, __m256d g, __m256d q, __m256d d)
+INLINE void gg_step_pd(acc5 *a, vd g, vd q, vd d)
 {
-    a->g = _mm256_add_pd(a->g, g);
-    a->gd = _mm256_fmadd_pd(g, d, a->gd);
-    a->q = _mm256_add_pd(a->q, q);
-    a->qd = _mm256_fmadd_pd(q, d, a->qd);
-    a->qg = _mm256_fmadd_pd(q, g, a->qg);
+    a->g = vd_add(a->g, g);
+    a->gd = vd_fma(g, d, a->gd);
+    a->q = vd_add(a->q, q);
+    a->qd = vd_fma(q, d, a->qd);
+    a->qg = vd_fma(q, g, a->qg);
 }
 
 /* The five sums of one vector (part: its first cnt elements) in double,
  * d = (x - mhi) - mlo as bn_scalar.c forms it: the rows left after the
  * blocks of 8. */
 INLINE void gg_step_ps(const void *dy, const void *x, const void *ggx, int64_t e, int part, int64_t cnt,
-                       int64_t avail, __m256 m, __m256 l, int dt, acc5 *lo, acc5 *hi)
+                       int64_t avail, vf m, vf l, int dt, acc5 *lo, acc5 *hi)
 {
-    __m256 g, q, u;
+    vf g, q, u;
     gg_load_ps(dy, x, ggx, e, part, cnt, avail, m, dt, &g, &q, &u);
-    __m256 d = _mm256_sub_ps(u, part ? and_ps(l, mask_ps(cnt)) : l);
-    gg_step_pd(lo, lo_pd(g), lo_pd(q), lo_pd(d));
-    gg_step_pd(hi, hi_pd(g), hi_pd(q), hi_pd(d));
+    vf d = vf_sub(u, part ? vf_keep(l, vf_mask_first(cnt)) : l);
+    gg_step_pd(lo, vf_lo_pd(g), vf_lo_pd(q), vf_lo_pd(d));
+    gg_step_pd(hi, vf_hi_pd(g), vf_hi_pd(q), vf_hi_pd(d));
 }
 
 /* n elements whose lane l of every 8 has the parameters of lane l of m, l
  * (a run: broadcast), in blocks of 64 */
-INLINE void ggstats_flat_ps(const void *dy, const void *x, const void *ggx, int64_t n, __m256 m, __m256 l, int dt,
+INLINE void ggstats_flat_ps(const void *dy, const void *x, const void *ggx, int64_t n, vf m, vf l, int dt,
                             acc5 *lo, acc5 *hi)
 {
     acc5 a = acc5_zero(), b = acc5_zero(), c, d;
@@ -2660,7 +2660,7 @@ INLINE void ggstats_flat_ps(const void *dy, const void *x, const void *ggx, int6
 /* columns [j, j + cnt) (cnt 1..8) of kr rows from element o of n, added to
  * acc: 8 rows as a block, fewer a row at a time in double */
 INLINE void ggstats_cols_ps(const void *dy, const void *x, const void *ggx, int64_t n, int64_t o, int64_t j,
-                            int64_t w, int64_t kr, int64_t cnt, __m256 m, __m256 l, double *acc, int dt)
+                            int64_t w, int64_t kr, int64_t cnt, vf m, vf l, double *acc, int dt)
 {
     acc5 lo = acc5_zero(), hi = acc5_zero();
     if (kr == 8) {
@@ -2679,7 +2679,7 @@ INLINE void ggstats_run_ps(const void *dy, const void *x, const void *ggx, int64
                            double *acc, int dt)
 {
     acc5 lo, hi;
-    ggstats_flat_ps(dy, x, ggx, n, _mm256_set1_ps(p->mhi[0]), _mm256_set1_ps(p->mlo[0]), dt, &lo, &hi);
+    ggstats_flat_ps(dy, x, ggx, n, vf_set1(p->mhi[0]), vf_set1(p->mlo[0]), dt, &lo, &hi);
     acc5_total(acc5_add(lo, hi), acc);
     ggstats_redo_ps(dy, x, ggx, n, 1, p, acc, dt);
 }
@@ -2689,7 +2689,7 @@ INLINE void ggstats_rows_ps(const void *dy, const void *x, const void *ggx, int6
 {
     if (w <= 0) return;
     if (8 % w == 0) {
-        __m256 m, l, odd;
+        vf m, l, odd;
         double lanes[5 * 8];
         lanes_ps(p->mhi, w, &m, &odd);
         lanes_ps(p->mlo, w, &l, &odd);
@@ -2704,7 +2704,7 @@ INLINE void ggstats_rows_ps(const void *dy, const void *x, const void *ggx, int6
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
     const size_t es = dt ? 2 : 4;
     const float *const v[2] = {p->mhi, p->mlo};
-    __m256 t[2];
+    vf t[2];
     tail_params_ps(v, 2, full, cnt, t);
     memset(acc, 0, (size_t)(5 * w) * sizeof *acc);
     int64_t r = 0;
@@ -2714,7 +2714,7 @@ INLINE void ggstats_rows_ps(const void *dy, const void *x, const void *ggx, int6
             prefetch_group_l2(dy, o, j, es);
             prefetch_group_l2(x, o, j, es);
             prefetch_group_l2(ggx, o, j, es);
-            ggstats_cols_ps(dy, x, ggx, n, o, j, w, 8, 8, _mm256_loadu_ps(p->mhi + j), _mm256_loadu_ps(p->mlo + j),
+            ggstats_cols_ps(dy, x, ggx, n, o, j, w, 8, 8, vf_load(p->mhi + j), vf_load(p->mlo + j),
                             acc, dt);
         }
         if (cnt) ggstats_cols_ps(dy, x, ggx, n, o, full, w, 8, cnt, t[0], t[1], acc, dt);
@@ -2722,8 +2722,8 @@ INLINE void ggstats_rows_ps(const void *dy, const void *x, const void *ggx, int6
     if (r < rows) {
         const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += 8)
-            ggstats_cols_ps(dy, x, ggx, n, o, j, w, rows - r, 8, _mm256_loadu_ps(p->mhi + j),
-                            _mm256_loadu_ps(p->mlo + j), acc, dt);
+            ggstats_cols_ps(dy, x, ggx, n, o, j, w, rows - r, 8, vf_load(p->mhi + j),
+                            vf_load(p->mlo + j), acc, dt);
         if (cnt) ggstats_cols_ps(dy, x, ggx, n, o, full, w, rows - r, cnt, t[0], t[1], acc, dt);
     }
     if (rows >= 8) ggstats_redo_ps(dy, x, ggx, rows, w, p, acc, dt);
@@ -2740,7 +2740,7 @@ INLINE void ggstats_rows_ps(const void *dy, const void *x, const void *ggx, int6
 INLINE void ggstats_runs_ps(const void *dy, const void *x, const void *ggx, int64_t n, const cfbn_gg_f32 *p,
                             double *acc, int dt)
 {
-    const __m256 m = _mm256_set1_ps(p->mhi[0]), l = _mm256_set1_ps(p->mlo[0]);
+    const vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
     const int64_t st = p->stride, es = dt ? 2 : 4;
     acc5 a = acc5_zero(), lo, hi;
     int64_t k = 0;
@@ -2787,11 +2787,11 @@ INLINE void gg_arrays_ps(const cfbn_gg_f32 *p, const float **v)
 }
 
 /* c: mhi, mlo, a1, b1, c1, a2, b2, c2, e2 */
-INLINE void ggapply_ps(__m256 g, __m256 q, __m256 x, const __m256 *c, __m256 *ddy, __m256 *dx)
+INLINE void ggapply_ps(vf g, vf q, vf x, const vf *c, vf *ddy, vf *dx)
 {
-    __m256 d = centered_ps(x, c[0], c[1]);
-    *ddy = _mm256_fmadd_ps(q, c[2], _mm256_fmadd_ps(d, c[3], c[4]));
-    *dx = _mm256_fmadd_ps(g, c[5], _mm256_fmadd_ps(q, c[6], _mm256_fmadd_ps(d, c[7], c[8])));
+    vf d = centered_ps(x, c[0], c[1]);
+    *ddy = vf_fma(q, c[2], vf_fma(d, c[3], c[4]));
+    *dx = vf_fma(g, c[5], vf_fma(q, c[6], vf_fma(d, c[7], c[8])));
 }
 
 /* Non-temporal stores for the two outputs: asked for, float32 storage, and
@@ -2814,11 +2814,11 @@ INLINE int gg_nt(int stream, int dt, const void *ddy, const void *dx, size_t row
  * outputs (16 but not 64-byte aligned), the whole second-order gradient
  * took 8.4 ms so, 11.2 ms storing one vector of each output in turn. */
 INLINE void ggapply16_ps(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t e,
-                         const __m256 *c0, const __m256 *c1, int dt, int nt)
+                         const vf *c0, const vf *c1, int dt, int nt)
 {
-    __m256 y0, x0, y1, x1;
-    ggapply_ps(ld8(dy, e, dt), ld8(ggx, e, dt), ld8(x, e, dt), c0, &y0, &x0);
-    ggapply_ps(ld8(dy, e + 8, dt), ld8(ggx, e + 8, dt), ld8(x, e + 8, dt), c1, &y1, &x1);
+    vf y0, x0, y1, x1;
+    ggapply_ps(vf_ld(dy, e, dt), vf_ld(ggx, e, dt), vf_ld(x, e, dt), c0, &y0, &x0);
+    ggapply_ps(vf_ld(dy, e + 8, dt), vf_ld(ggx, e + 8, dt), vf_ld(x, e + 8, dt), c1, &y1, &x1);
     st8_out(ddy, e, y0, dt, nt);
     st8_out(ddy, e + 8, y1, dt, nt);
     st8_out(dx, e, x0, dt, nt);
@@ -2828,39 +2828,39 @@ INLINE void ggapply16_ps(const void *dy, const void *x, const void *ggx, void *d
 /* n elements whose lane l of every 8 has the parameters of lane l of c;
  * nt: whole vectors by non-temporal stores (both outputs 16-byte aligned) */
 INLINE void ggapply_flat_ps(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t n,
-                            const __m256 *c, int dt, int nt)
+                            const vf *c, int dt, int nt)
 {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) ggapply16_ps(dy, x, ggx, ddy, dx, i, c, c, dt, nt);
     if (i + 8 <= n) {
-        __m256 vy, vx;
-        ggapply_ps(ld8(dy, i, dt), ld8(ggx, i, dt), ld8(x, i, dt), c, &vy, &vx);
+        vf vy, vx;
+        ggapply_ps(vf_ld(dy, i, dt), vf_ld(ggx, i, dt), vf_ld(x, i, dt), c, &vy, &vx);
         st8_out(ddy, i, vy, dt, nt);
         st8_out(dx, i, vx, dt, nt);
         i += 8;
     }
     if (i < n) {
         const int64_t cnt = n - i;
-        __m256 vy, vx;
-        ggapply_ps(ld_part(dy, i, cnt, cnt, dt), ld_part(ggx, i, cnt, cnt, dt), ld_part(x, i, cnt, cnt, dt), c,
+        vf vy, vx;
+        ggapply_ps(vf_ld_part(dy, i, cnt, cnt, dt), vf_ld_part(ggx, i, cnt, cnt, dt), vf_ld_part(x, i, cnt, cnt, dt), c,
                    &vy, &vx);
-        st_part(ddy, i, vy, cnt, dt);
-        st_part(dx, i, vx, cnt, dt);
+        vf_st_part(ddy, i, vy, cnt, dt);
+        vf_st_part(dx, i, vx, cnt, dt);
     }
 }
 
 /* The per-channel parameters of a channel's run(s), each in every lane. */
-INLINE void gg_broadcast_ps(const cfbn_gg_f32 *p, __m256 c[GG_NPAR])
+INLINE void gg_broadcast_ps(const cfbn_gg_f32 *p, vf c[GG_NPAR])
 {
     const float *v[GG_NPAR];
     gg_arrays_ps(p, v);
-    for (int k = 0; k < GG_NPAR; k++) c[k] = _mm256_set1_ps(v[k][0]);
+    for (int k = 0; k < GG_NPAR; k++) c[k] = vf_set1(v[k][0]);
 }
 
 INLINE void ggapply_run_ps(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t n,
                            const cfbn_gg_f32 *p, int dt)
 {
-    __m256 c[GG_NPAR];
+    vf c[GG_NPAR];
     gg_broadcast_ps(p, c);
     /* streaming as gg_nt has it, where both outputs reach 16-byte alignment
      * at the same element; those before it are stored regularly.  On a
@@ -2874,7 +2874,7 @@ INLINE void ggapply_run_ps(const void *dy, const void *x, const void *ggx, void 
     }
     ggapply_flat_ps(elem_at(dy, i, dt), elem_at(x, i, dt), elem_at(ggx, i, dt), (void *)elem_at(ddy, i, dt),
                     (void *)elem_at(dx, i, dt), n - i, c, dt, nt);
-    if (nt) _mm_sfence();
+    if (nt) stream_fence();
 }
 
 /* Several runs of one channel, regular stores: the parameters broadcast
@@ -2883,7 +2883,7 @@ INLINE void ggapply_run_ps(const void *dy, const void *x, const void *ggx, void 
 INLINE void ggapply_runs_ps(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t n,
                             const cfbn_gg_f32 *p, int dt)
 {
-    __m256 c[GG_NPAR];
+    vf c[GG_NPAR];
     gg_broadcast_ps(p, c);
     const int64_t st = p->stride, es = dt ? 2 : 4;
     for (int64_t k = 0; k < p->runs; k++) {
@@ -2904,19 +2904,19 @@ INLINE void ggapply_rows_ps(const void *dy, const void *x, const void *ggx, void
 {
     if (w <= 0) return;
     const float *v[GG_NPAR];
-    __m256 c[GG_NPAR];
+    vf c[GG_NPAR];
     gg_arrays_ps(p, v);
     if (8 % w == 0) {
         const int nt = gg_nt(p->stream, dt, ddy, dx, 0);
-        __m256 odd;
+        vf odd;
         for (int k = 0; k < GG_NPAR; k++) lanes_ps(v[k], w, &c[k], &odd);
         ggapply_flat_ps(dy, x, ggx, ddy, dx, rows * w, c, dt, nt);
-        if (nt) _mm_sfence();
+        if (nt) stream_fence();
         return;
     }
     const int nt = gg_nt(p->stream, dt, ddy, dx, (size_t)w * (dt ? 2 : 4));
     const int64_t full = w & ~(int64_t)7, cnt = w - full, n = rows * w;
-    __m256 t[GG_NPAR];
+    vf t[GG_NPAR];
     tail_params_ps(v, GG_NPAR, full, cnt, t);
     /* two rows for each load of a group's parameter vectors: a row at a
      * time, those loads bound the loop in cache (12 loads for 2 stores;
@@ -2925,7 +2925,7 @@ INLINE void ggapply_rows_ps(const void *dy, const void *x, const void *ggx, void
         const int64_t kr = rows - r < 2 ? rows - r : 2;
         int64_t j = 0;
         for (; j + 16 <= full; j += 16) {
-            __m256 c1[GG_NPAR];
+            vf c1[GG_NPAR];
             col_params_ps(v, GG_NPAR, j, c);
             col_params_ps(v, GG_NPAR, j + 8, c1);
             for (int64_t k = 0; k < kr; k++) ggapply16_ps(dy, x, ggx, ddy, dx, (r + k) * w + j, c, c1, dt, nt);
@@ -2934,22 +2934,22 @@ INLINE void ggapply_rows_ps(const void *dy, const void *x, const void *ggx, void
             col_params_ps(v, GG_NPAR, j, c);
             for (int64_t k = 0; k < kr; k++) {
                 const int64_t e = (r + k) * w + j;
-                __m256 vy, vx;
-                ggapply_ps(ld8(dy, e, dt), ld8(ggx, e, dt), ld8(x, e, dt), c, &vy, &vx);
+                vf vy, vx;
+                ggapply_ps(vf_ld(dy, e, dt), vf_ld(ggx, e, dt), vf_ld(x, e, dt), c, &vy, &vx);
                 st8_out(ddy, e, vy, dt, nt);
                 st8_out(dx, e, vx, dt, nt);
             }
         }
     for (int64_t k = 0; k < kr && cnt; k++) {
             const int64_t e = (r + k) * w + full, av = n - e;
-            __m256 vy, vx;
-            ggapply_ps(ld_part(dy, e, cnt, av, dt), ld_part(ggx, e, cnt, av, dt), ld_part(x, e, cnt, av, dt), t,
+            vf vy, vx;
+            ggapply_ps(vf_ld_part(dy, e, cnt, av, dt), vf_ld_part(ggx, e, cnt, av, dt), vf_ld_part(x, e, cnt, av, dt), t,
                        &vy, &vx);
-            st_part(ddy, e, vy, cnt, dt);
-            st_part(dx, e, vx, cnt, dt);
+            vf_st_part(ddy, e, vy, cnt, dt);
+            vf_st_part(dx, e, vx, cnt, dt);
         }
     }
-    if (nt) _mm_sfence();
+    if (nt) stream_fence();
 }
 
 /* ---- float32, float16 and bfloat16 entries ---- */
@@ -2986,15 +2986,15 @@ GG_RUNS_ENTRIES(bf16, CFBN_BF16)
  * 4 go as one flat stream with per-lane parameters. */
 
 /* cnt elements at p (cnt >= 4: all four), zero past them */
-INLINE __m256d ld_cols_pd(const double *p, int64_t cnt)
+INLINE vd ld_cols_pd(const double *p, int64_t cnt)
 {
-    return cnt >= 4 ? _mm256_loadu_pd(p) : _mm256_maskload_pd(p, mask_pd(cnt));
+    return cnt >= 4 ? vd_load(p) : vd_load_part(p, vd_mask_first(cnt));
 }
 
-INLINE void st_cols_pd(double *p, __m256d v, int64_t cnt)
+INLINE void st_cols_pd(double *p, vd v, int64_t cnt)
 {
-    if (cnt >= 4) _mm256_storeu_pd(p, v);
-    else _mm256_maskstore_pd(p, mask_pd(cnt), v);
+    if (cnt >= 4) vd_store(p, v);
+    else vd_store_part(p, vd_mask_first(cnt), v);
 }
 
 INLINE void gg_arrays_pd(const cfbn_gg_f64 *p, const double **v)
@@ -3004,30 +3004,30 @@ INLINE void gg_arrays_pd(const cfbn_gg_f64 *p, const double **v)
 }
 
 /* c: mhi, mlo, a1, b1, c1, a2, b2, c2, e2 */
-INLINE void ggapply_pd(__m256d g, __m256d q, __m256d x, const __m256d *c, __m256d *ddy, __m256d *dx)
+INLINE void ggapply_pd(vd g, vd q, vd x, const vd *c, vd *ddy, vd *dx)
 {
-    __m256d d = centered_pd(x, c[0], c[1]);
-    *ddy = _mm256_fmadd_pd(q, c[2], _mm256_fmadd_pd(d, c[3], c[4]));
-    *dx = _mm256_fmadd_pd(g, c[5], _mm256_fmadd_pd(q, c[6], _mm256_fmadd_pd(d, c[7], c[8])));
+    vd d = centered_pd(x, c[0], c[1]);
+    *ddy = vd_fma(q, c[2], vd_fma(d, c[3], c[4]));
+    *dx = vd_fma(g, c[5], vd_fma(q, c[6], vd_fma(d, c[7], c[8])));
 }
 
 /* n elements whose lane l of every 4 has the parameters of lane l of m, l
  * (a run: broadcast) */
-INLINE void ggstats_flat_pd(const double *dy, const double *x, const double *ggx, int64_t n, __m256d m, __m256d l,
+INLINE void ggstats_flat_pd(const double *dy, const double *x, const double *ggx, int64_t n, vd m, vd l,
                             acc5 *out)
 {
     acc5 a = acc5_zero(), b = acc5_zero();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        gg_step_pd(&a, _mm256_loadu_pd(dy + i), _mm256_loadu_pd(ggx + i), centered_pd(_mm256_loadu_pd(x + i), m, l));
-        gg_step_pd(&b, _mm256_loadu_pd(dy + i + 4), _mm256_loadu_pd(ggx + i + 4),
-                   centered_pd(_mm256_loadu_pd(x + i + 4), m, l));
+        gg_step_pd(&a, vd_load(dy + i), vd_load(ggx + i), centered_pd(vd_load(x + i), m, l));
+        gg_step_pd(&b, vd_load(dy + i + 4), vd_load(ggx + i + 4),
+                   centered_pd(vd_load(x + i + 4), m, l));
     }
     for (; i < n; i += 4) {
         /* dead lanes: dy = ggx = 0 and d = 0 */
-        const __m256i mk = mask_pd(n - i);
-        gg_step_pd(&a, _mm256_maskload_pd(dy + i, mk), _mm256_maskload_pd(ggx + i, mk),
-                   centered_pd(_mm256_maskload_pd(x + i, mk), and_pd(m, mk), and_pd(l, mk)));
+        const __m256i mk = vd_mask_first(n - i);
+        gg_step_pd(&a, vd_load_part(dy + i, mk), vd_load_part(ggx + i, mk),
+                   centered_pd(vd_load_part(x + i, mk), vd_keep(m, mk), vd_keep(l, mk)));
     }
     *out = acc5_add(a, b);
 }
@@ -3036,8 +3036,8 @@ INLINE void ggstats_flat_pd(const double *dy, const double *x, const double *ggx
 INLINE void ggstats_cols_pd(const double *dy, const double *x, const double *ggx, int64_t o, int64_t j, int64_t w,
                             int64_t kr, int64_t cnt, const cfbn_gg_f64 *p, double *acc)
 {
-    const __m256d m0 = ld_cols_pd(p->mhi + j, cnt), l0 = ld_cols_pd(p->mlo + j, cnt);
-    const __m256d m1 = ld_cols_pd(p->mhi + j + 4, cnt - 4), l1 = ld_cols_pd(p->mlo + j + 4, cnt - 4);
+    const vd m0 = ld_cols_pd(p->mhi + j, cnt), l0 = ld_cols_pd(p->mlo + j, cnt);
+    const vd m1 = ld_cols_pd(p->mhi + j + 4, cnt - 4), l1 = ld_cols_pd(p->mlo + j + 4, cnt - 4);
     acc5 lo = acc5_zero(), hi = acc5_zero();
     for (int64_t k = 0; k < kr; k++) {
         const int64_t e = o + k * w + j;
@@ -3054,7 +3054,7 @@ static void ggstats_run_f64(const void *dy, const void *x, const void *ggx, int6
                             double *acc)
 {
     acc5 a;
-    ggstats_flat_pd(dy, x, ggx, n, _mm256_set1_pd(p->mhi[0]), _mm256_set1_pd(p->mlo[0]), &a);
+    ggstats_flat_pd(dy, x, ggx, n, vd_set1(p->mhi[0]), vd_set1(p->mlo[0]), &a);
     acc5_total(a, acc);
 }
 
@@ -3064,7 +3064,7 @@ static void ggstats_rows_f64(const void *dy_, const void *x_, const void *ggx_, 
     const double *dy = dy_, *x = x_, *ggx = ggx_;
     if (w <= 0) return;
     if (4 % w == 0) {
-        __m256d m, l, odd;
+        vd m, l, odd;
         double lanes[5 * 4];
         lanes_pd(p->mhi, w, &m, &odd);
         lanes_pd(p->mlo, w, &l, &odd);
@@ -3092,11 +3092,11 @@ static void ggstats_rows_f64(const void *dy_, const void *x_, const void *ggx_, 
 
 /* n elements whose lane l of every 4 has the parameters of lane l of c */
 INLINE void ggapply_flat_pd(const double *dy, const double *x, const double *ggx, double *ddy, double *dx, int64_t n,
-                            const __m256d *c)
+                            const vd *c)
 {
     for (int64_t i = 0; i < n; i += 4) {
         const int64_t k = n - i;
-        __m256d vy, vx;
+        vd vy, vx;
         ggapply_pd(ld_cols_pd(dy + i, k), ld_cols_pd(ggx + i, k), ld_cols_pd(x + i, k), c, &vy, &vx);
         st_cols_pd(ddy + i, vy, k);
         st_cols_pd(dx + i, vx, k);
@@ -3107,9 +3107,9 @@ static void ggapply_run_f64(const void *dy, const void *x, const void *ggx, void
                             const cfbn_gg_f64 *p)
 {
     const double *v[GG_NPAR];
-    __m256d c[GG_NPAR];
+    vd c[GG_NPAR];
     gg_arrays_pd(p, v);
-    for (int k = 0; k < GG_NPAR; k++) c[k] = _mm256_set1_pd(v[k][0]);
+    for (int k = 0; k < GG_NPAR; k++) c[k] = vd_set1(v[k][0]);
     ggapply_flat_pd(dy, x, ggx, ddy, dx, n, c);
 }
 
@@ -3120,7 +3120,7 @@ static void ggapply_rows_f64(const void *dy_, const void *x_, const void *ggx_, 
     double *ddy = ddy_, *dx = dx_;
     if (w <= 0) return;
     const double *v[GG_NPAR];
-    __m256d c[GG_NPAR], t[GG_NPAR], odd;
+    vd c[GG_NPAR], t[GG_NPAR], odd;
     gg_arrays_pd(p, v);
     if (4 % w == 0) {
         for (int k = 0; k < GG_NPAR; k++) lanes_pd(v[k], w, &c[k], &odd);
@@ -3131,13 +3131,13 @@ static void ggapply_rows_f64(const void *dy_, const void *x_, const void *ggx_, 
     for (int k = 0; k < GG_NPAR; k++) t[k] = ld_cols_pd(v[k] + full, cnt);
     for (int64_t r = 0; r < rows; r++) {
         const int64_t o = r * w;
-        __m256d vy, vx;
+        vd vy, vx;
         for (int64_t j = 0; j < full; j += 4) {
-            for (int k = 0; k < GG_NPAR; k++) c[k] = _mm256_loadu_pd(v[k] + j);
-            ggapply_pd(_mm256_loadu_pd(dy + o + j), _mm256_loadu_pd(ggx + o + j), _mm256_loadu_pd(x + o + j), c, &vy,
+            for (int k = 0; k < GG_NPAR; k++) c[k] = vd_load(v[k] + j);
+            ggapply_pd(vd_load(dy + o + j), vd_load(ggx + o + j), vd_load(x + o + j), c, &vy,
                        &vx);
-            _mm256_storeu_pd(ddy + o + j, vy);
-            _mm256_storeu_pd(dx + o + j, vx);
+            vd_store(ddy + o + j, vy);
+            vd_store(dx + o + j, vx);
         }
         if (cnt) {
             const int64_t e = o + full;

@@ -102,7 +102,7 @@ INLINE __m256i narrow2_ph(__m256 a, __m256 b, int dt)
     return _mm256_set_m128i(narrow_ph(b, dt), narrow_ph(a, dt));
 }
 
-INLINE __m256 ld8(const void *p, int64_t i, int dt)
+INLINE __m256 vf_ld(const void *p, int64_t i, int dt)
 {
     if (dt)
         return widen_ph(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)), dt);
@@ -112,7 +112,7 @@ INLINE __m256 ld8(const void *p, int64_t i, int dt)
 /* The first cnt (1..7) elements at p[i], zero in the other lanes.  avail is
  * how many elements p[i..] holds: nothing past it is read, so a slice that
  * ends at a page boundary never faults. */
-INLINE __m256 ld_part(const void *p, int64_t i, int64_t cnt, int64_t avail, int dt)
+INLINE __m256 vf_ld_part(const void *p, int64_t i, int64_t cnt, int64_t avail, int dt)
 {
     if (!dt)
         return _mm256_maskload_ps((const float *)p + i, mask_ps(cnt));
@@ -132,7 +132,7 @@ INLINE __m256 ld_part(const void *p, int64_t i, int64_t cnt, int64_t avail, int 
     return widen_ph(h, dt);
 }
 
-INLINE void st8(void *p, int64_t i, __m256 v, int dt)
+INLINE void vf_st(void *p, int64_t i, __m256 v, int dt)
 {
     if (dt)
         _mm_storeu_si128((__m128i *)((uint16_t *)p + i), narrow_ph(v, dt));
@@ -141,7 +141,7 @@ INLINE void st8(void *p, int64_t i, __m256 v, int dt)
 }
 
 /* 16 elements: a at p[i], b at p[i + 8] */
-INLINE void st16(void *p, int64_t i, __m256 a, __m256 b, int dt)
+INLINE void vf_st2(void *p, int64_t i, __m256 a, __m256 b, int dt)
 {
     if (dt) {
         _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), narrow2_ph(a, b, dt));
@@ -166,14 +166,14 @@ INLINE const char *elem_at(const void *p, int64_t i, int dt)
  * narrow back the same way, each rounded to nearest even as narrow_ph
  * does.  A pair holding a NaN is put back in element order and goes through
  * narrow2_ph, which quietens it. */
-INLINE void ld16_eo(const void *p, int64_t i, __m256 *e, __m256 *o)
+INLINE void vf_ld_eo(const void *p, int64_t i, __m256 *e, __m256 *o)
 {
     __m256i v = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
     *e = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     *o = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
 }
 
-INLINE __m256i narrow16_eo(__m256 e, __m256 o)
+INLINE __m256i vh_narrow_eo(__m256 e, __m256 o)
 {
     if (_mm256_movemask_ps(_mm256_cmp_ps(e, o, _CMP_UNORD_Q))) {
         __m256 lo = _mm256_unpacklo_ps(e, o), hi = _mm256_unpackhi_ps(e, o);
@@ -183,30 +183,30 @@ INLINE __m256i narrow16_eo(__m256 e, __m256 o)
     return _mm256_blend_epi16(_mm256_srli_epi32(round_bf16(e), 16), round_bf16(o), 0xaa);
 }
 
-INLINE void st16_eo(void *p, int64_t i, __m256 e, __m256 o)
+INLINE void vf_st_eo(void *p, int64_t i, __m256 e, __m256 o)
 {
-    _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), narrow16_eo(e, o));
+    _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), vh_narrow_eo(e, o));
 }
 
 /* 32 elements from p + i, 32-byte aligned, non-temporal: (e0, o0) and
- * (e1, o1) as st16_eo's pairs, one 32-byte store each and one NaN test for
+ * (e1, o1) as vf_st_eo's pairs, one 32-byte store each and one NaN test for
  * both. */
-INLINE void narrow32_eo(__m256 e0, __m256 o0, __m256 e1, __m256 o1, __m256i *h0, __m256i *h1)
+INLINE void vh_narrow_eo2(__m256 e0, __m256 o0, __m256 e1, __m256 o1, __m256i *h0, __m256i *h1)
 {
     __m256 nan = _mm256_or_ps(_mm256_cmp_ps(e0, o0, _CMP_UNORD_Q), _mm256_cmp_ps(e1, o1, _CMP_UNORD_Q));
     if (_mm256_movemask_ps(nan)) {
-        *h0 = narrow16_eo(e0, o0);
-        *h1 = narrow16_eo(e1, o1);
+        *h0 = vh_narrow_eo(e0, o0);
+        *h1 = vh_narrow_eo(e1, o1);
         return;
     }
     *h0 = _mm256_blend_epi16(_mm256_srli_epi32(round_bf16(e0), 16), round_bf16(o0), 0xaa);
     *h1 = _mm256_blend_epi16(_mm256_srli_epi32(round_bf16(e1), 16), round_bf16(o1), 0xaa);
 }
 
-INLINE void st32_eo_nt(void *p, int64_t i, __m256 e0, __m256 o0, __m256 e1, __m256 o1)
+INLINE void vf_st_eo2_nt(void *p, int64_t i, __m256 e0, __m256 o0, __m256 e1, __m256 o1)
 {
     __m256i *q = (__m256i *)((uint16_t *)p + i), h0, h1;
-    narrow32_eo(e0, o0, e1, o1, &h0, &h1);
+    vh_narrow_eo2(e0, o0, e1, o1, &h0, &h1);
     _mm256_stream_si256(q, h0);
     _mm256_stream_si256(q + 1, h1);
 }
@@ -215,9 +215,9 @@ INLINE void st32_eo_nt(void *p, int64_t i, __m256 e0, __m256 o0, __m256 e1, __m2
  * (p 16-byte aligned), 32 bytes at a time: where p is 32-byte aligned each
  * group by itself; where it is 16 bytes past (half), the upper half of the
  * previous group (*prev) joined to the lower half of this one, the first
- * group's lower half by itself, and st16_nt_seq_end stores the last upper
+ * group's lower half by itself, and vh_stream_seq_end stores the last upper
  * half (n: the elements written). */
-INLINE void st16_nt_seq(void *p, int64_t i, __m256i h, int half, __m256i *prev)
+INLINE void vh_stream_seq(void *p, int64_t i, __m256i h, int half, __m256i *prev)
 {
     uint16_t *q = (uint16_t *)p + i;
     if (!half) _mm256_stream_si256((__m256i *)q, h);
@@ -226,7 +226,7 @@ INLINE void st16_nt_seq(void *p, int64_t i, __m256i h, int half, __m256i *prev)
     *prev = h;
 }
 
-INLINE void st16_nt_seq_end(void *p, int64_t n, int half, __m256i prev)
+INLINE void vh_stream_seq_end(void *p, int64_t n, int half, __m256i prev)
 {
     if (half && n > 0) _mm_stream_si128((__m128i *)((uint16_t *)p + n - 8), _mm256_extracti128_si256(prev, 1));
 }
@@ -247,7 +247,7 @@ INLINE void prefetch_ahead_of(const void *p, int64_t i, int dt)
 }
 
 /* Rows of bfloat16 whose width is a multiple of 16 (and at most EO_MAX_W)
- * go through ld16_eo and st16_eo too, with the per-column parameters put in
+ * go through vf_ld_eo and vf_st_eo too, with the per-column parameters put in
  * the order of its lanes once per call.  Each group of 16 columns from j
  * gets 16 k floats at out[j k ..]: for each of the k arrays in turn, the
  * values of the even lanes (columns j, j+2, ..., j+14), then those of the
@@ -276,7 +276,7 @@ static void eo_params(const float *const *v, int k, int64_t w, float *out)
 
 /* Writes exactly cnt (1..7) elements: a neighbouring element may belong to
  * another thread's piece (or be the next row's input when y aliases x). */
-INLINE void st_part(void *p, int64_t i, __m256 v, int64_t cnt, int dt)
+INLINE void vf_st_part(void *p, int64_t i, __m256 v, int64_t cnt, int dt)
 {
     if (!dt) {
         _mm256_maskstore_ps((float *)p + i, mask_ps(cnt), v);
@@ -295,7 +295,7 @@ INLINE void st_part(void *p, int64_t i, __m256 v, int64_t cnt, int dt)
 }
 
 /* Four elements widened to double; float -> double is exact. */
-INLINE __m256d ld4d(const void *p, int64_t i, int dt)
+INLINE __m256d vd_ld_widen(const void *p, int64_t i, int dt)
 {
     if (dt == CFBN_BF16) {
         __m128i h = _mm_loadl_epi64((const __m128i *)((const uint16_t *)p + i));
@@ -341,5 +341,87 @@ INLINE vd vd_sub(vd a, vd b) { return _mm256_sub_pd(a, b); }
 /* a * b + c, one rounding */
 INLINE vd vd_fma(vd a, vd b, vd c) { return _mm256_fmadd_pd(a, b, c); }
 INLINE double vd_hsum(vd v) { return hsum_pd(v); }
+
+
+/* ---- the float primitives of the shared loops: a vector of VF_LANES
+ * floats (VF_LANES == 2 VD_LANES on every ISA), its masks, arithmetic,
+ * comparisons, widening to and narrowing from vd, and the fences and
+ * stores that stream.  Each ISA's header defines the same names with the
+ * same meaning; a comparison gives a vf_mask, whose set lanes are all ones
+ * when it is seen as a vf (vf_mask_bits). ---- */
+
+typedef __m256 vf;            /* VF_LANES floats */
+typedef __m256i vf_mask;      /* lanes of a vf, set or clear */
+#define VF_LANES 8
+
+INLINE vf vf_zero(void) { return _mm256_setzero_ps(); }
+INLINE vf vf_set1(float v) { return _mm256_set1_ps(v); }
+INLINE vf vf_load(const float *p) { return _mm256_loadu_ps(p); }
+INLINE void vf_store(float *p, vf v) { _mm256_storeu_ps(p, v); }
+/* lanes [0, cnt) set; cnt may be <= 0 or >= VF_LANES */
+INLINE vf_mask vf_mask_first(int64_t cnt) { return mask_ps(cnt); }
+/* the set lanes of m from p (the others read as 0, their memory untouched) */
+INLINE vf vf_load_part(const float *p, vf_mask m) { return _mm256_maskload_ps(p, m); }
+INLINE void vf_store_part(float *p, vf_mask m, vf v) { _mm256_maskstore_ps(p, m, v); }
+INLINE vf vf_keep(vf v, vf_mask m) { return and_ps(v, m); }
+INLINE vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+INLINE vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+INLINE vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+INLINE vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
+/* a * b + c, c - a * b, a * b - c: one rounding each */
+INLINE vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+INLINE vf vf_fnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
+INLINE vf vf_fms(vf a, vf b, vf c) { return _mm256_fmsub_ps(a, b, c); }
+/* the second operand where either is NaN (x86's rule; the loops put the
+ * operand that must stay NaN second) */
+INLINE vf vf_min(vf a, vf b) { return _mm256_min_ps(a, b); }
+INLINE vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
+/* bitwise */
+INLINE vf vf_and(vf a, vf b) { return _mm256_and_ps(a, b); }
+INLINE vf vf_or(vf a, vf b) { return _mm256_or_ps(a, b); }
+/* ~a & b */
+INLINE vf vf_andnot(vf a, vf b) { return _mm256_andnot_ps(a, b); }
+/* to the nearest integer, ties to even */
+INLINE vf vf_round(vf v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* 2^k for integral k in [-126, 127], by the exponent bits */
+INLINE vf vf_exp2i(vf k)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23));
+}
+/* comparisons, ordered and quiet (false where either is NaN), and
+ * unordered (true where either is NaN) */
+INLINE vf_mask vf_lt(vf a, vf b) { return _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
+INLINE vf_mask vf_gt(vf a, vf b) { return _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_GT_OQ)); }
+INLINE vf_mask vf_unord(vf a, vf b) { return _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_UNORD_Q)); }
+INLINE vf_mask vf_mask_and(vf_mask a, vf_mask b) { return _mm256_and_si256(a, b); }
+INLINE vf_mask vf_mask_or(vf_mask a, vf_mask b) { return _mm256_or_si256(a, b); }
+INLINE int vf_mask_any(vf_mask m) { return _mm256_movemask_ps(_mm256_castsi256_ps(m)) != 0; }
+/* set lanes all ones, clear lanes 0 */
+INLINE vf vf_mask_bits(vf_mask m) { return _mm256_castsi256_ps(m); }
+/* b in the set lanes of m, a in the others */
+INLINE vf vf_blend(vf a, vf b, vf_mask m) { return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(m)); }
+
+/* lanes [0, VD_LANES) and [VD_LANES, VF_LANES) widened to double; exact */
+INLINE vd vf_lo_pd(vf v) { return lo_pd(v); }
+INLINE vd vf_hi_pd(vf v) { return hi_pd(v); }
+/* lo's lanes then hi's, each rounded to float */
+INLINE vf vf_from_pd(vd lo, vd hi) { return _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo)); }
+
+INLINE vd vd_mul(vd a, vd b) { return _mm256_mul_pd(a, b); }
+/* c - a * b, one rounding */
+INLINE vd vd_fnma(vd a, vd b, vd c) { return _mm256_fnmadd_pd(a, b, c); }
+INLINE vd vd_and(vd a, vd b) { return _mm256_and_pd(a, b); }
+INLINE vd vd_or(vd a, vd b) { return _mm256_or_pd(a, b); }
+/* each lane rounded to float and back */
+INLINE vd vd_to_float_and_back(vd v) { return _mm256_cvtps_pd(_mm256_cvtpd_ps(v)); }
+/* not (a >= b): true where a < b or either is NaN; a > b, ordered */
+INLINE vd_mask vd_nge(vd a, vd b) { return _mm256_castpd_si256(_mm256_cmp_pd(a, b, _CMP_NGE_UQ)); }
+INLINE vd_mask vd_gt(vd a, vd b) { return _mm256_castpd_si256(_mm256_cmp_pd(a, b, _CMP_GT_OQ)); }
+INLINE vd_mask vd_mask_or(vd_mask a, vd_mask b) { return _mm256_or_si256(a, b); }
+INLINE int vd_mask_any(vd_mask m) { return _mm256_movemask_pd(_mm256_castsi256_pd(m)) != 0; }
+INLINE vd_mask vd_mask_none(void) { return _mm256_setzero_si256(); }
+
+/* orders the non-temporal stores before the caller's barrier */
+INLINE void stream_fence(void) { _mm_sfence(); }
 
 #endif
