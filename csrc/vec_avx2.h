@@ -424,4 +424,13 @@ INLINE vd_mask vd_mask_none(void) { return _mm256_setzero_si256(); }
 /* orders the non-temporal stores before the caller's barrier */
 INLINE void stream_fence(void) { _mm_sfence(); }
 
+/* 2 VF_LANES halfwords: the 2-byte storage of two vf */
+typedef __m256i vh;
+
+/* ---- for the plain and streaming loops ---- */
+
+/* ---- for the fused loops ---- */
+
+/* ---- for the second-order loops ---- */
+
 #endif
