@@ -70,6 +70,31 @@ def _alpha(name, alpha):
     return default if alpha is None else float(alpha)
 
 
+def _sigmoid(v):
+    return 1.0 / (1.0 + np.exp(-v))
+
+
+# name -> (act(v, alpha), act'(v, alpha)), both in float64; the derivatives
+# at the kinks as TensorFlow and PyTorch take them.  Every name of
+# ACTIVATIONS but None has an entry: a name without one raises.
+_FORMULAS = {
+    "relu": (lambda v, a: np.where(v < 0, 0.0, v),
+             lambda v, a: (v > 0).astype(np.float64)),
+    "relu6": (lambda v, a: np.where(v < 0, 0.0, np.where(v > 6, 6.0, v)),
+              lambda v, a: ((v > 0) & (v < 6)).astype(np.float64)),
+    "leaky_relu": (lambda v, a: np.where(v < 0, a * v, v),
+                   lambda v, a: np.where(v > 0, 1.0, a)),
+    "elu": (lambda v, a: np.where(v < 0, a * np.expm1(np.minimum(v, 0.0)), v),
+            lambda v, a: np.where(v > 0, 1.0, a * np.exp(np.minimum(v, 0.0)))),
+    "sigmoid": (lambda v, a: _sigmoid(v),
+                lambda v, a: _sigmoid(v) * (1.0 - _sigmoid(v))),
+    "tanh": (lambda v, a: np.tanh(v),
+             lambda v, a: 1.0 - np.tanh(v) ** 2),
+    "silu": (lambda v, a: v / (1.0 + np.exp(-v)),
+             lambda v, a: _sigmoid(v) * (1.0 + v * (1.0 - _sigmoid(v)))),
+}
+
+
 def activation(v, name, alpha=None):
     """The activation ``name`` of the pre-activation ``v``, in float64.
 
@@ -77,22 +102,10 @@ def activation(v, name, alpha=None):
     """
     v = np.asarray(v, dtype=np.float64)
     a = _alpha(name, alpha)
+    if name is None:
+        return v.copy()
     with np.errstate(over="ignore", invalid="ignore"):
-        if name is None:
-            return v.copy()
-        if name == "relu":
-            return np.where(v < 0, 0.0, v)
-        if name == "relu6":
-            return np.where(v < 0, 0.0, np.where(v > 6, 6.0, v))
-        if name == "leaky_relu":
-            return np.where(v < 0, a * v, v)
-        if name == "elu":
-            return np.where(v < 0, a * np.expm1(np.minimum(v, 0.0)), v)
-        if name == "sigmoid":
-            return 1.0 / (1.0 + np.exp(-v))
-        if name == "tanh":
-            return np.tanh(v)
-        return v / (1.0 + np.exp(-v))  # silu
+        return _FORMULAS[name][0](v, a)
 
 
 def activation_grad(v, name, alpha=None):
@@ -103,27 +116,11 @@ def activation_grad(v, name, alpha=None):
     """
     v = np.asarray(v, dtype=np.float64)
     a = _alpha(name, alpha)
-    nan = np.isnan(v)
+    if name is None:
+        return np.ones_like(v)
     with np.errstate(over="ignore", invalid="ignore"):
-        if name is None:
-            return np.ones_like(v)
-        if name == "relu":
-            d = (v > 0).astype(np.float64)
-        elif name == "relu6":
-            d = ((v > 0) & (v < 6)).astype(np.float64)
-        elif name == "leaky_relu":
-            d = np.where(v > 0, 1.0, a)
-        elif name == "elu":
-            d = np.where(v > 0, 1.0, a * np.exp(np.minimum(v, 0.0)))
-        elif name == "sigmoid":
-            s = 1.0 / (1.0 + np.exp(-v))
-            d = s * (1.0 - s)
-        elif name == "tanh":
-            d = 1.0 - np.tanh(v) ** 2
-        else:
-            s = 1.0 / (1.0 + np.exp(-v))
-            d = s * (1.0 + v * (1.0 - s))
-    return np.where(nan, np.nan, d)
+        d = _FORMULAS[name][1](v, a)
+    return np.where(np.isnan(v), np.nan, d)
 
 
 # the entry points below take an `activation` argument that hides the function

@@ -296,3 +296,22 @@ def test_errors():
         cfbn.fused_batch_norm_grad(x, x, s, s, s, out={"side_input_backprop": x.copy()}, **kw)
     with pytest.raises(ValueError, match="4 entries"):
         cfbn.fused_batch_norm_grad(x, x, s, s, s, side_input=x, out=(None, None, None), **kw)
+
+
+def test_one_list_of_activations():
+    """cfbn._args.ACTIVATIONS is the one list: the reference's formulas and
+    defaults and these tests' list name exactly its activations, and a name
+    outside it is refused, never computed as another."""
+    from cfbn import _args
+    names = set(_args.ACTIVATIONS)
+    assert set(reference.ACTIVATIONS) == names
+    assert set(reference._FORMULAS) == names - {None}
+    assert set(ACTIVATIONS) == names
+    for name, (_, default) in _args.ACTIVATIONS.items():
+        assert reference.ACTIVATIONS[name] == default
+    v = np.array([-1.0, 0.5])
+    for bad in ("gelu", "RELU", 3):
+        with pytest.raises(ValueError):
+            reference.activation(v, bad)
+        with pytest.raises(ValueError):
+            reference.activation_grad(v, bad)

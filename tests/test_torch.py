@@ -614,3 +614,23 @@ def test_errors_speak_pytorchs_words():
     # nothing of num_features' length: nn computes any channel count, and so do these
     bare = dict(affine=False, track_running_stats=False)
     torch.testing.assert_close(ct.BatchNorm2d(5, **bare)(x), nn.BatchNorm2d(5, **bare)(x))
+
+
+def test_one_list_of_activations():
+    """Every torch form of cfbn's activations (the eager bridge's module
+    forms, the in-place forms and the derivatives of the double backward)
+    names exactly cfbn._args.ACTIVATIONS' activations; a name outside it is
+    refused."""
+    from cfbn import _args
+    from cfbn.torch import _act_modules, _activation
+    names = set(_args.ACTIVATIONS) - {None}
+    assert set(_act_modules._TORCH_FORMS) == names
+    assert set(_activation._IN_PLACE) == names
+    assert set(_bridge._DERIVATIVES) == names
+    z = torch.tensor([-1.0, 0.5])
+    with pytest.raises(ValueError):
+        _act_modules.apply(z, "gelu", None)
+    with pytest.raises(ValueError):
+        _activation.activate_(z.clone(), "gelu", None)
+    with pytest.raises(ValueError):
+        _bridge._activation_derivatives(z, "gelu", None)

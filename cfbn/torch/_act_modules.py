@@ -65,18 +65,21 @@ def apply(z, activation, alpha):
     """
     if activation is None:
         return z
-    if activation == "relu":
-        return F.relu(z)
-    if activation == "relu6":
-        return F.relu6(z)
-    if activation == "leaky_relu":
-        return F.leaky_relu(z, 0.01 if alpha is None else alpha)
-    if activation == "elu":
-        return F.elu(z, 1.0 if alpha is None else alpha)
-    if activation == "sigmoid":
-        return torch.sigmoid(z)
-    if activation == "tanh":
-        return torch.tanh(z)
-    if activation == "silu":
-        return F.silu(z)
-    raise ValueError("unknown activation %r" % (activation,))
+    try:
+        form = _TORCH_FORMS[activation]
+    except (KeyError, TypeError):
+        raise ValueError("unknown activation %r" % (activation,)) from None
+    return form(z, alpha)
+
+
+# cfbn's activation name -> its torch form (z, alpha or None: the default);
+# every name of cfbn._args.ACTIVATIONS but None has one
+_TORCH_FORMS = {
+    "relu": lambda z, a: F.relu(z),
+    "relu6": lambda z, a: F.relu6(z),
+    "leaky_relu": lambda z, a: F.leaky_relu(z, 0.01 if a is None else a),
+    "elu": lambda z, a: F.elu(z, 1.0 if a is None else a),
+    "sigmoid": lambda z, a: torch.sigmoid(z),
+    "tanh": lambda z, a: torch.tanh(z),
+    "silu": lambda z, a: F.silu(z),
+}

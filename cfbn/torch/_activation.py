@@ -31,17 +31,18 @@ def activate_(z, activation, alpha):
     if activation is None:
         return z
     _, a = _args.activation(activation, alpha)
-    if activation == "relu":
-        return torch.relu_(z)
-    if activation == "relu6":
-        # clamp keeps NaN, as relu6(NaN) is NaN in the reference
-        return z.clamp_(0.0, 6.0)
-    if activation == "leaky_relu":
-        return F.leaky_relu_(z, a)
-    if activation == "elu":
-        return F.elu_(z, a)
-    if activation == "sigmoid":
-        return z.sigmoid_()
-    if activation == "tanh":
-        return z.tanh_()
-    return F.silu(z, inplace=True)
+    return _IN_PLACE[activation](z, a)
+
+
+# cfbn's activation name -> its in-place torch form (z, alpha); every name
+# of cfbn._args.ACTIVATIONS but None has one
+_IN_PLACE = {
+    "relu": lambda z, a: torch.relu_(z),
+    # clamp keeps NaN, as relu6(NaN) is NaN in the reference
+    "relu6": lambda z, a: z.clamp_(0.0, 6.0),
+    "leaky_relu": lambda z, a: F.leaky_relu_(z, a),
+    "elu": lambda z, a: F.elu_(z, a),
+    "sigmoid": lambda z, a: z.sigmoid_(),
+    "tanh": lambda z, a: z.tanh_(),
+    "silu": lambda z, a: F.silu(z, inplace=True),
+}

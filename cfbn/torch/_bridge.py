@@ -383,26 +383,43 @@ def _activation_derivatives(z, activation, alpha):
     cfbn's derivatives at the kinks: relu'(0) = relu6'(0) = relu6'(6) = 0,
     leaky_relu'(0) = elu'(0) = alpha."""
     _, alpha = _args.activation(activation, alpha)
-    if activation == "relu":
-        return (z > 0).to(z.dtype), None
-    if activation == "relu6":
-        return ((z > 0) & (z < 6)).to(z.dtype), None
-    if activation == "leaky_relu":
-        return torch.where(z > 0, torch.ones_like(z), torch.full_like(z, alpha)), None
-    if activation == "elu":
-        e = torch.where(z > 0, 0.0, alpha * torch.exp(torch.clamp(z, max=0.0)))
-        return torch.where(z > 0, 1.0, e), e
-    if activation == "sigmoid":
-        sg = torch.sigmoid(z)
-        d = sg * (1 - sg)
-        return d, d * (1 - 2 * sg)
-    if activation == "tanh":
-        t = torch.tanh(z)
-        d = 1 - t * t
-        return d, -2 * t * d
+    return _DERIVATIVES[activation](z, alpha)
+
+
+def _elu_derivatives(z, alpha):
+    e = torch.where(z > 0, 0.0, alpha * torch.exp(torch.clamp(z, max=0.0)))
+    return torch.where(z > 0, 1.0, e), e
+
+
+def _sigmoid_derivatives(z, alpha):
+    sg = torch.sigmoid(z)
+    d = sg * (1 - sg)
+    return d, d * (1 - 2 * sg)
+
+
+def _tanh_derivatives(z, alpha):
+    t = torch.tanh(z)
+    d = 1 - t * t
+    return d, -2 * t * d
+
+
+def _silu_derivatives(z, alpha):
     # silu: z * sigmoid(z)
     sg = torch.sigmoid(z)
     return sg * (1 + z * (1 - sg)), sg * (1 - sg) * (2 + z * (1 - 2 * sg))
+
+
+# cfbn's activation name -> (act', act'') of (z, alpha); every name of
+# cfbn._args.ACTIVATIONS but None has one
+_DERIVATIVES = {
+    "relu": lambda z, a: ((z > 0).to(z.dtype), None),
+    "relu6": lambda z, a: (((z > 0) & (z < 6)).to(z.dtype), None),
+    "leaky_relu": lambda z, a: (torch.where(z > 0, torch.ones_like(z), torch.full_like(z, a)), None),
+    "elu": _elu_derivatives,
+    "sigmoid": _sigmoid_derivatives,
+    "tanh": _tanh_derivatives,
+    "silu": _silu_derivatives,
+}
 
 
 def _pre_activation(x, weight, bias, save_mean, save_var, eps, side_input):
