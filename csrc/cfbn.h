@@ -44,7 +44,7 @@ extern "C" {
  * (csrc/README.md, "Adding a dtype"). */
 enum cfbn_dtype { CFBN_F32 = 0, CFBN_F64 = 1, CFBN_F16 = 2, CFBN_BF16 = 3 };
 enum cfbn_layout { CFBN_CHANNELS_LAST = 0, CFBN_CHANNELS_FIRST = 1 };
-enum cfbn_isa { CFBN_ISA_SCALAR = 0, CFBN_ISA_AVX2 = 1, CFBN_ISA_NEON = 2, CFBN_ISA_COUNT = 3 };
+enum cfbn_isa { CFBN_ISA_SCALAR = 0, CFBN_ISA_AVX2 = 1, CFBN_ISA_NEON = 2, CFBN_ISA_AVX512 = 3, CFBN_ISA_COUNT = 4 };
 
 /* A fused activation: y = act(pre-activation).  The one list of activations:
  * every switch on it has a case per member and no `default:` (-Werror=switch
@@ -331,6 +331,9 @@ extern const cfbn_kernels cfbn_kernels_avx2;
 #endif
 #if defined(CFBN_HAVE_NEON)
 extern const cfbn_kernels cfbn_kernels_neon;
+#endif
+#if defined(CFBN_HAVE_AVX512)
+extern const cfbn_kernels cfbn_kernels_avx512;
 #endif
 
 /* dispatch.c */

@@ -24,25 +24,60 @@ static int scalar_ok(void)
     return 1;
 }
 
+#if defined(CFBN_X86) && (defined(CFBN_HAVE_AVX2) || defined(CFBN_HAVE_AVX512))
+#define CFBN_X86_ISA 1
+#endif
+
+/* XCR0 (xgetbv 0): which register states the OS saves on context switches */
+#if defined(CFBN_X86_ISA)
+static unsigned xcr0(void)
+{
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    return lo;
+}
+#endif
+
 /* AVX2 needs three things: the CPU has the instructions (cpuid), the OS
  * saves YMM registers on context switches (OSXSAVE, then XCR0 bits 1 and 2
  * via xgetbv), and the companions our AVX2 file is compiled with (FMA, F16C).
  * A CPU can report AVX2 while the OS has YMM state disabled; running AVX
  * code then faults. */
-static int avx2_ok(void)
+#if defined(CFBN_X86_ISA)
+static int avx2_cpu(void)
 {
-#if defined(CFBN_X86) && defined(CFBN_HAVE_AVX2)
     unsigned eax, ebx, ecx, edx;
     if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
     int osxsave = (ecx >> 27) & 1, avx = (ecx >> 28) & 1, fma = (ecx >> 12) & 1, f16c = (ecx >> 29) & 1;
     if (!(osxsave && avx && fma && f16c)) return 0;
-    unsigned xcr0_lo, xcr0_hi;
-    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-    (void)xcr0_hi;
-    if ((xcr0_lo & 0x6u) != 0x6u) return 0;
+    if ((xcr0() & 0x6u) != 0x6u) return 0;
     if (__get_cpuid_max(0, NULL) < 7) return 0;
     __cpuid_count(7, 0, eax, ebx, ecx, edx);
     return (ebx >> 5) & 1;
+}
+#endif
+
+static int avx2_ok(void)
+{
+#if defined(CFBN_HAVE_AVX2)
+    return avx2_cpu();
+#else
+    return 0;
+#endif
+}
+
+/* AVX-512: everything AVX2 needs, the F, DQ, BW and VL subsets (cpuid 7:
+ * EBX bits 16, 17, 30, 31) and the OS saving the opmask and ZMM state too
+ * (XCR0 bits 5, 6 and 7). */
+static int avx512_ok(void)
+{
+#if defined(CFBN_X86) && defined(CFBN_HAVE_AVX512)
+    if (!avx2_cpu() || (xcr0() & 0xe6u) != 0xe6u) return 0;
+    unsigned eax, ebx, ecx, edx;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    const unsigned need = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);
+    return (ebx & need) == need;
 #else
     return 0;
 #endif
@@ -69,20 +104,42 @@ static int neon_ok(void)
 #else
 #define NEON_TABLE NULL
 #endif
+#if defined(CFBN_HAVE_AVX512)
+#define AVX512_TABLE (&cfbn_kernels_avx512)
+#else
+#define AVX512_TABLE NULL
+#endif
 
-/* ---- the ISAs, best first: the first one this CPU and OS run is the default ---- */
+static int always(void)
+{
+    return 1;
+}
+
+/* Whether a CPU that runs AVX-512 gets it without CFBN_FORCE_ISA: only
+ * where it has been measured faster than AVX2 (512-bit units that are split
+ * in two, or a clock that drops under 512-bit load, make it slower on some
+ * CPUs).  No CPU has been measured yet, so none does. */
+static int avx512_by_default(void)
+{
+    return 0;
+}
+
+/* ---- the ISAs, best first: the first one this CPU and OS run, and that it
+ * takes by default, is the default ---- */
 
 typedef struct {
     int isa;                       /* enum cfbn_isa */
     const char *name;              /* as CFBN_FORCE_ISA spells it */
     int (*cpu_ok)(void);           /* the CPU has it and the OS saves its registers */
     const cfbn_kernels *table;     /* NULL where its file is not compiled in */
+    int (*by_default)(void);       /* chosen without CFBN_FORCE_ISA where it runs */
 } isa_row;
 
 static const isa_row isa_rows[] = {
-    { CFBN_ISA_AVX2, "avx2", avx2_ok, AVX2_TABLE },
-    { CFBN_ISA_NEON, "neon", neon_ok, NEON_TABLE },
-    { CFBN_ISA_SCALAR, "scalar", scalar_ok, &cfbn_kernels_scalar },
+    { CFBN_ISA_AVX512, "avx512", avx512_ok, AVX512_TABLE, avx512_by_default },
+    { CFBN_ISA_AVX2, "avx2", avx2_ok, AVX2_TABLE, always },
+    { CFBN_ISA_NEON, "neon", neon_ok, NEON_TABLE, always },
+    { CFBN_ISA_SCALAR, "scalar", scalar_ok, &cfbn_kernels_scalar, always },
 };
 _Static_assert(sizeof isa_rows / sizeof isa_rows[0] == CFBN_ISA_COUNT, "one row per enum cfbn_isa");
 
@@ -114,7 +171,7 @@ int cfbn_isa_supported(int isa)
 int cfbn_isa_best(void)
 {
     for (size_t i = 0; i < CFBN_ISA_COUNT; i++)
-        if (isa_rows[i].table && isa_rows[i].cpu_ok()) return isa_rows[i].isa;
+        if (isa_rows[i].table && isa_rows[i].cpu_ok() && isa_rows[i].by_default()) return isa_rows[i].isa;
     return CFBN_ISA_SCALAR;
 }
 
