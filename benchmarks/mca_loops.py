@@ -6,6 +6,11 @@ Usage (from the repository root, or with --root):
     python3 benchmarks/mca_loops.py avx2 --json out.json # bn_avx2.c, znver3 and skylake
     python3 benchmarks/mca_loops.py neon --entries '_f32$' --all-loops
     python3 benchmarks/mca_loops.py neon --loop apply_run_f32=.L3 --elements apply_run_f32=16
+    python3 benchmarks/mca_loops.py neon --compare benchmarks/results/mca_neon_before.json
+
+Before and after a change to the loops: --json on the old checkout (or
+--root it), then --compare that file on the new one, which adds c/el
+before, after and after / before per entry and CPU model.
 
 What it does:
 
@@ -54,6 +59,27 @@ core.  Compare entries and compare before with after on the same llvm-mca;
 do not read them as nanoseconds.  LLVM before 17 has no Neoverse N1 model and
 (before a much later release) no Cortex-A76 one: both names then select the
 Cortex-A57 model, and their columns come out the same (the header says so).
+
+What the loop choice can get wrong (check with --all-loops, fix with --loop):
+  - a loop is the text from its label to its backward branch.  A body that
+    GCC lays out in pieces (a rare path placed elsewhere that jumps back in,
+    a loop entered in its middle) is either missing a piece or carries the
+    rare path; where the rare path branches back into the body, two
+    overlapping loops appear and the shorter (the common path) is taken;
+  - a loop whose pointers advance by a register (a row stride, a run
+    stride) has no element count and ranks below any loop that has one,
+    a per-column setup loop included: the element size is the tensor's, so
+    a loop over float or double scratch seems to cover more elements than it
+    does.  NEON's ggstats_rows_f16/bf16 pick such a loop (a 261-instruction
+    fold of double partial sums per column; the 8-element body that
+    ggstats_run_f16 shows is among --all-loops), and so do AVX2's
+    gstats_rows_fused_f16/bf16 (an 11-instruction check over double column
+    sums);
+  - a fused entry shows its cheapest activation loop, not the one a given
+    model runs; which loop runs also depends on n, the width and alignment
+    (a small n or an odd width takes a narrower loop than the one shown);
+  - llvm-mca models no caches (every access hits L1), prefetches, branch
+    misses or loop buffers, and its CPU models are approximations.
 
 Plain Python 3, standard library only.
 """
@@ -627,6 +653,28 @@ def timings_text(rows, cpus, timings):
     return "\n".join(out)
 
 
+def compare_text(rows, cpus, before_path):
+    """c/el of each entry before (an earlier --json) and now, and now / before."""
+    with open(before_path) as f:
+        before = json.load(f)
+    old = {r["entry"]: r for r in before["rows"] if r.get("loop") and r.get("chosen", True)}
+    out = ["", "# against %s" % before.get("header", before_path).lstrip("# "),
+           "%-26s" % "entry" + "".join("  %26s" % (cpu + " before after ratio") for cpu in cpus)]
+    for r in rows:
+        if not r.get("loop") or not r.get("chosen", True) or r["entry"] not in old:
+            continue
+        line = "%-26s" % r["entry"]
+        for cpu in cpus:
+            a = old[r["entry"]].get("cpus", {}).get(cpu, {}).get("cycles_per_element")
+            b = r["cpus"][cpu].get("cycles_per_element")
+            line += "  %8s %8s %8s" % (fmt(a, ".3f"), fmt(b, ".3f"), fmt(b / a if a and b else None, ".2f"))
+        out.append(line)
+    gone = sorted(set(old) - {r["entry"] for r in rows})
+    if gone:
+        out.append("only before: " + ", ".join(gone))
+    return "\n".join(out)
+
+
 def mca_version(mca):
     try:
         out = subprocess.run([mca, "--version"], capture_output=True, text=True).stdout
@@ -634,6 +682,10 @@ def mca_version(mca):
         sys.exit("mca_loops: %s not found (apt-get install llvm)" % mca)
     m = re.search(r"LLVM version ([\d.]+)", out)
     return m.group(1) if m else "?"
+
+
+def cfg_triple(isa):
+    return ISAS[isa]["triple"]
 
 
 def main(argv=None):
@@ -654,6 +706,7 @@ def main(argv=None):
     ap.add_argument("--llvm-mca", default="llvm-mca")
     ap.add_argument("--json", help="write the rows here as JSON")
     ap.add_argument("--timings", help="mca_timer's output: compare the estimates' order with it")
+    ap.add_argument("--compare", metavar="JSON", help="an earlier --json (the 'before'): c/el before, now, ratio")
     args = ap.parse_args(argv)
 
     version = mca_version(args.llvm_mca)
@@ -673,12 +726,15 @@ def main(argv=None):
     notes = ["# per CPU: c/it = cycles per iteration (llvm-mca Total Cycles / Iterations), rthr = Block "
              "RThroughput, c/el = c/it / elements per iteration; from L1, one loop body, no memory bandwidth"]
     if same_columns(rows, cpus):
-        notes.append("# the CPU models gave identical numbers: this llvm-mca has one scheduling model behind "
-                     "them (LLVM < 17: Cortex-A57's for cortex-a76 and neoverse-n1)")
+        notes.append("# the CPU models gave identical numbers: this llvm-mca has one scheduling model behind them"
+                     + (" (before LLVM 17, Cortex-A57's for both cortex-a76 and neoverse-n1)"
+                        if cfg_triple(args.isa) == "aarch64" else ""))
     print("\n".join([header] + notes))
     print(table_text(rows, cpus, args.all_loops))
     if args.timings:
         print(timings_text(rows, cpus, read_timings(args.timings)))
+    if args.compare:
+        print(compare_text(rows, cpus, args.compare))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"header": header, "isa": args.isa, "cpus": cpus, "llvm_mca": version, "rows": rows}, f,
