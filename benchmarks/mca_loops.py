@@ -8,6 +8,13 @@ Usage (from the repository root, or with --root):
     python3 benchmarks/mca_loops.py neon --loop apply_run_f32=.L3 --elements apply_run_f32=16
     python3 benchmarks/mca_loops.py neon --compare benchmarks/results/mca_neon_before.json
 
+Direction check: benchmarks/mca_timer.c times some run entries in cache on
+the host (build steps in its comment, from this script's --save-asm so that
+both see the same code); --timings FILE then prints the estimates next to the
+ns per element, the two orders and Spearman's rho per CPU model.
+benchmarks/results/ holds the runs: mca_neon_before.txt (bn_neon.c before it
+moves onto the shared loops), mca_avx2.txt with its timings.
+
 Before and after a change to the loops: --json on the old checkout (or
 --root it), then --compare that file on the new one, which adds c/el
 before, after and after / before per entry and CPU model.
