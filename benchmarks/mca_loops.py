@@ -660,7 +660,7 @@ def timings_text(rows, cpus, timings):
     return "\n".join(out)
 
 
-def compare_text(rows, cpus, before_path):
+def compare_text(rows, cpus, before_path, pattern):
     """c/el of each entry before (an earlier --json) and now, and now / before."""
     with open(before_path) as f:
         before = json.load(f)
@@ -676,7 +676,7 @@ def compare_text(rows, cpus, before_path):
             b = r["cpus"][cpu].get("cycles_per_element")
             line += "  %8s %8s %8s" % (fmt(a, ".3f"), fmt(b, ".3f"), fmt(b / a if a and b else None, ".2f"))
         out.append(line)
-    gone = sorted(set(old) - {r["entry"] for r in rows})
+    gone = sorted(e for e in set(old) - {r["entry"] for r in rows} if not pattern or pattern.search(e))
     if gone:
         out.append("only before: " + ", ".join(gone))
     return "\n".join(out)
@@ -741,7 +741,7 @@ def main(argv=None):
     if args.timings:
         print(timings_text(rows, cpus, read_timings(args.timings)))
     if args.compare:
-        print(compare_text(rows, cpus, args.compare))
+        print(compare_text(rows, cpus, args.compare, re.compile(args.entries) if args.entries else None))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"header": header, "isa": args.isa, "cpus": cpus, "llvm_mca": version, "rows": rows}, f,
