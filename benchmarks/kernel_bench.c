@@ -34,13 +34,13 @@ static double bench(const cfbn_kernels *k, int what, float *x, float *dy, float 
         double t0 = now();
         switch (what) {
         case 0: memcpy(y, x, (size_t)n * 4); bytes = 8.0 * (double)n; break;
-        case 1: k->apply_run_f32(x, y, n, &ap); bytes = 8.0 * (double)n; break;
-        case 2: k->stats_run_f32(x, n, 0.25, acc); bytes = 4.0 * (double)n; break;
-        case 3: k->gstats_run_f32(dy, x, n, &gp, acc); bytes = 8.0 * (double)n; break;
-        case 4: k->gapply_run_f32(dy, x, y, n, &gp); bytes = 12.0 * (double)n; break;
-        case 5: k->apply_rows_f32(x, y, n / 64, 64, &apr); bytes = 8.0 * (double)n; break;
-        case 6: k->stats_rows_f32(x, n / 64, 64, shifts, acc); bytes = 4.0 * (double)n; break;
-        default: k->stats_rows_f32(x, n / 24, 24, shifts, acc); bytes = 4.0 * (double)n; break;
+        case 1: k->f32.apply_run(x, y, n, &ap); bytes = 8.0 * (double)n; break;
+        case 2: k->f32.stats_run(x, n, 0.25, acc); bytes = 4.0 * (double)n; break;
+        case 3: k->f32.gstats_run(dy, x, n, &gp, acc); bytes = 8.0 * (double)n; break;
+        case 4: k->f32.gapply_run(dy, x, y, n, &gp); bytes = 12.0 * (double)n; break;
+        case 5: k->f32.apply_rows(x, y, n / 64, 64, &apr); bytes = 8.0 * (double)n; break;
+        case 6: k->f32.stats_rows(x, n / 64, 64, shifts, acc); bytes = 4.0 * (double)n; break;
+        default: k->f32.stats_rows(x, n / 24, 24, shifts, acc); bytes = 4.0 * (double)n; break;
         }
         double t = now() - t0;
         if (t < best) best = t;
