@@ -246,34 +246,6 @@ INLINE void prefetch_ahead_of(const void *p, int64_t i, int dt)
     _mm_prefetch((const char *)p + (size_t)i * (dt ? 2 : 4) + FLAT_PREFETCH_BYTES, _MM_HINT_T0);
 }
 
-/* Rows of bfloat16 whose width is a multiple of 16 (and at most EO_MAX_W)
- * go through vf_ld_eo and vf_st_eo too, with the per-column parameters put in
- * the order of its lanes once per call.  Each group of 16 columns from j
- * gets 16 k floats at out[j k ..]: for each of the k arrays in turn, the
- * values of the even lanes (columns j, j+2, ..., j+14), then those of the
- * odd lanes, so that a row's loop walks one pointer through them. */
-#define EO_MAX_W 1024
-INLINE int eo_rows(int dt, int64_t w)
-{
-    return dt == CFBN_BF16 && w % 16 == 0 && w > 0 && w <= EO_MAX_W;
-}
-
-static void eo_params(const float *const *v, int k, int64_t w, float *out)
-{
-    for (int64_t j = 0; j < w; j += 16) {
-        for (int a = 0; a < k; a++, out += 16) {
-            /* columns j..j+15 as lo and hi; the shuffle picks the even
-             * (0x88) or odd (0xdd) ones of each 128-bit half, the permute
-             * puts lo's before hi's */
-            __m256 lo = _mm256_loadu_ps(v[a] + j), hi = _mm256_loadu_ps(v[a] + j + 8);
-            __m256d ev = _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88));
-            __m256d od = _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xdd));
-            _mm256_storeu_ps(out, _mm256_castpd_ps(_mm256_permute4x64_pd(ev, 0xd8)));
-            _mm256_storeu_ps(out + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(od, 0xd8)));
-        }
-    }
-}
-
 /* Writes exactly cnt (1..7) elements: a neighbouring element may belong to
  * another thread's piece (or be the next row's input when y aliases x). */
 INLINE void vf_st_part(void *p, int64_t i, __m256 v, int64_t cnt, int dt)
@@ -428,6 +400,61 @@ INLINE void stream_fence(void) { _mm_sfence(); }
 typedef __m256i vh;
 
 /* ---- for the plain and streaming loops ---- */
+
+/* 2 VF_LANES halfwords: zero; stored at p[i..] (p uint16_t storage), no
+ * alignment needed */
+INLINE vh vh_zero(void) { return _mm256_setzero_si256(); }
+INLINE void vh_st(void *p, int64_t i, vh h) { _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), h); }
+
+/* |v| in each lane, by clearing the sign bit (NaN stays NaN) */
+INLINE vd vd_abs(vd v) { return vd_and(v, _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffll))); }
+/* a mask as a vd: set lanes all ones, clear lanes 0 (as vf_mask_bits) */
+INLINE vd vd_mask_bits(vd_mask m) { return _mm256_castsi256_pd(m); }
+/* the reverse: a vd whose lanes are each all ones or all zeros (such as
+ * vd_or of vd_mask_bits) as a mask of its all-ones lanes */
+INLINE vd_mask vd_bits_mask(vd v) { return _mm256_castpd_si256(v); }
+
+/* element i of p, dt storage, as a float (exact) */
+INLINE float ld1(const void *p, int64_t i, int dt)
+{
+    if (dt == CFBN_BF16) return cfbn_bf16_to_float(((const uint16_t *)p)[i]);
+    return dt ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* a hint: the 64-byte line holding p into L1 (prefetch_l1) or into L2 and
+ * not L1 (prefetch_l2); a no-op where the ISA has no such hint */
+INLINE void prefetch_l1(const char *p) { _mm_prefetch(p, _MM_HINT_T0); }
+INLINE void prefetch_l2(const char *p) { _mm_prefetch(p, _MM_HINT_T1); }
+
+/* Non-temporal stores.  VF_NT_MIN_ALIGN: the alignment in bytes that
+ * vf_st_nt and vh_stream_seq need of their address; at most 16 (the
+ * router streams rows 16-byte aligned) and at most the bytes of VF_LANES
+ * halfwords (a run's peel to it is one vf_st_part).  VF_NT_ALIGN: the
+ * alignment at which a whole vector streams in one store: vf_stream_aligned,
+ * vf_st_eo2_nt, and vh_stream_seq where half is 0 (half: the output is
+ * VF_NT_MIN_ALIGN- but not VF_NT_ALIGN-aligned).  An ISA without streaming
+ * stores makes them plain stores (and may set both to 1). */
+#define VF_NT_MIN_ALIGN 16
+#define VF_NT_ALIGN 32
+
+/* VF_LANES elements at p + i (VF_NT_MIN_ALIGN-aligned), non-temporal, in
+ * pieces of VF_NT_MIN_ALIGN bytes */
+INLINE void vf_st_nt(void *p, int64_t i, vf v, int dt)
+{
+    if (dt) {
+        _mm_stream_si128((__m128i *)((uint16_t *)p + i), narrow_ph(v, dt));
+        return;
+    }
+    float *q = (float *)p + i;
+    _mm_stream_ps(q, _mm256_castps256_ps128(v));
+    _mm_stream_ps(q + 4, _mm256_extractf128_ps(v, 1));
+}
+
+/* VF_LANES floats at p + i, VF_NT_ALIGN-aligned, non-temporal: one store */
+INLINE void vf_stream_aligned(float *p, int64_t i, vf v)
+{
+    _mm256_stream_ps(p + i, v);
+}
 
 /* ---- for the fused loops ---- */
 

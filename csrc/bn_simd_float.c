@@ -1,0 +1,1289 @@
+/* The float-compute plain and streaming loops (float32, float16 and
+ * bfloat16 storage, computed in float), written once for every ISA over the
+ * primitives of the ISA's header (vf, VF_LANES, vf_ld, vf_st_nt, ...), as
+ * bn_simd.c's float64 loops are: an ISA file includes its header, then
+ * bn_simd.c, then this file.  Nothing here names an instruction set; the
+ * loop names exist once and are static in each ISA's translation unit.
+ * For AVX2 these are the same operations in the same order as the loops
+ * they replace, so the outputs keep their bits.
+ *
+ * Rows kernels whose width divides the vector period (2 VF_LANES floats)
+ * run as one flat stream with per-lane parameters, because then every lane
+ * always sees the same column; widths of a multiple of VF_LANES sum blocks
+ * of 8 rows in float; other widths go row by row with a masked tail.  The
+ * shared helpers (acc8, stats_step, centered_ps, tree8, needs_double, ...)
+ * are the fused and second-order loops' too. */
+#ifndef VF_LANES
+#error "bn_simd_float.c is included after an ISA's vec_<isa>.h"
+#endif
+
+/* Double sums for VF_LANES float lanes (two vd: lanes [0, VD_LANES) in lo,
+ * the rest in hi): s1 = sum d or sum dy, s2 = sum d^2 or sum dy*d. */
+typedef struct {
+    vd s1lo, s1hi, s2lo, s2hi;
+} acc8;
+
+INLINE acc8 acc8_zero(void)
+{
+    acc8 a = {vd_zero(), vd_zero(), vd_zero(), vd_zero()};
+    return a;
+}
+
+INLINE acc8 acc8_load(const double *s1, const double *s2)
+{
+    acc8 a = {vd_load(s1), vd_load(s1 + VD_LANES), vd_load(s2), vd_load(s2 + VD_LANES)};
+    return a;
+}
+
+INLINE void acc8_store(const acc8 *a, double *s1, double *s2)
+{
+    vd_store(s1, a->s1lo);
+    vd_store(s1 + VD_LANES, a->s1hi);
+    vd_store(s2, a->s2lo);
+    vd_store(s2 + VD_LANES, a->s2hi);
+}
+
+/* Stores lanes [0, cnt) of a into s1[], s2[]. */
+INLINE void acc8_store_part(const acc8 *a, double *s1, double *s2, int64_t cnt)
+{
+    vd_mask mlo = vd_mask_first(cnt);
+    vd_store_part(s1, mlo, a->s1lo);
+    vd_store_part(s2, mlo, a->s2lo);
+    if (cnt > VD_LANES) {
+        vd_mask mhi = vd_mask_first(cnt - VD_LANES);
+        vd_store_part(s1 + VD_LANES, mhi, a->s1hi);
+        vd_store_part(s2 + VD_LANES, mhi, a->s2hi);
+    }
+}
+
+/* The shift is subtracted in double: x - shift is exact there for any float
+ * x near the shift, which keeps sum d^2 free of cancellation. */
+INLINE void stats_step(acc8 *a, vd xlo, vd xhi, vd shlo, vd shhi)
+{
+    vd dlo = vd_sub(xlo, shlo), dhi = vd_sub(xhi, shhi);
+    a->s1lo = vd_add(a->s1lo, dlo);
+    a->s1hi = vd_add(a->s1hi, dhi);
+    a->s2lo = vd_fma(dlo, dlo, a->s2lo);
+    a->s2hi = vd_fma(dhi, dhi, a->s2hi);
+}
+
+INLINE void gstats_step(acc8 *a, vf g, vf d)
+{
+    vd glo = vf_lo_pd(g), ghi = vf_hi_pd(g);
+    a->s1lo = vd_add(a->s1lo, glo);
+    a->s1hi = vd_add(a->s1hi, ghi);
+    a->s2lo = vd_fma(glo, vf_lo_pd(d), a->s2lo);
+    a->s2hi = vd_fma(ghi, vf_hi_pd(d), a->s2hi);
+}
+
+/* a - b as a fused multiply-add, a * 1 - b: the same single rounding, so the
+ * same bits, but on the multiply-add units.  The sums' loops keep the add
+ * units busy with their additions; a subtraction moved off them lets the
+ * two kinds of unit share the work (measured on AVX2 Zen 4: rows and run
+ * statistics, run apply). */
+INLINE vf sub_ps(vf a, vf b)
+{
+    return vf_fms(a, vf_set1(1.0f), b);
+}
+
+/* Two subtractions in this order: x - mhi is exact when x is near the mean
+ * (Sterbenz), so a mean much larger than the spread loses nothing. */
+INLINE vf centered_ps(vf x, vf mhi, vf mlo)
+{
+    return sub_ps(sub_ps(x, mhi), mlo);
+}
+
+INLINE vf apply_ps(vf x, vf mhi, vf mlo, vf al, vf be)
+{
+    return vf_fma(centered_ps(x, mhi, mlo), al, be);
+}
+
+INLINE vf gapply_ps(vf g, vf x, vf mhi, vf mlo, vf a, vf b, vf c)
+{
+    return vf_fma(g, a, vf_fma(centered_ps(x, mhi, mlo), b, c));
+}
+
+/* Rows of bfloat16 whose width is a multiple of EO_GROUP (and at most
+ * EO_MAX_W) go through vf_ld_eo and vf_st_eo too, with the per-column
+ * parameters put in the order of its lanes once per call.  Each group of
+ * EO_GROUP columns from j gets EO_GROUP k floats at out[j k ..]: for each
+ * of the k arrays in turn, the values of the even lanes (columns j, j+2,
+ * ..., j+EO_GROUP-2), then those of the odd lanes, so that a row's loop
+ * walks one pointer through them. */
+#define EO_GROUP (2 * VF_LANES)
+#define EO_MAX_W 1024
+INLINE int eo_rows(int dt, int64_t w)
+{
+    return dt == CFBN_BF16 && w % EO_GROUP == 0 && w > 0 && w <= EO_MAX_W;
+}
+
+static void eo_params(const float *const *v, int k, int64_t w, float *out)
+{
+    for (int64_t j = 0; j < w; j += EO_GROUP) {
+        for (int a = 0; a < k; a++, out += EO_GROUP) {
+            for (int l = 0; l < VF_LANES; l++) {
+                out[l] = v[a][j + 2 * l];
+                out[VF_LANES + l] = v[a][j + 2 * l + 1];
+            }
+        }
+    }
+}
+
+/* 2-byte elements in a 64-byte cache line: the loops that prefetch ahead
+ * do so once a line */
+#define HALFWORDS_PER_LINE 32
+
+/* prefetch_ahead_of once for each line of the 2-byte elements [i, i + cnt) */
+INLINE void prefetch_lines_h(const void *p, int64_t i, int64_t cnt)
+{
+    for (int64_t l = 0; l < cnt; l += HALFWORDS_PER_LINE) prefetch_ahead_of(p, i + l, CFBN_BF16);
+}
+
+/* apply_ps and gapply_ps with parameters in eo_params's layout: the group
+ * at q, h = 0 for the even lanes and VF_LANES for the odd ones */
+INLINE vf apply_eo_ps(vf x, const float *q, int h)
+{
+    return apply_ps(x, vf_load(q + h), vf_load(q + EO_GROUP + h), vf_load(q + 2 * EO_GROUP + h),
+                    vf_load(q + 3 * EO_GROUP + h));
+}
+
+INLINE vf gapply_eo_ps(vf g, vf x, const float *q, int h)
+{
+    return gapply_ps(g, x, vf_load(q + h), vf_load(q + EO_GROUP + h), vf_load(q + 2 * EO_GROUP + h),
+                     vf_load(q + 3 * EO_GROUP + h), vf_load(q + 4 * EO_GROUP + h));
+}
+
+/* Stores the 2 EO_GROUP elements h0, h1 at y[i..]: regular stores, or (nt)
+ * non-temporal ones as vh_stream_seq's */
+INLINE void st32_eo_seq(void *y, int64_t i, vh h0, vh h1, int nt, int half, vh *prev)
+{
+    if (nt) {
+        vh_stream_seq(y, i, h0, half, prev);
+        vh_stream_seq(y, i + EO_GROUP, h1, half, prev);
+        return;
+    }
+    vh_st(y, i, h0);
+    vh_st(y, i + EO_GROUP, h1);
+}
+
+/* bfloat16 rows as eo_rows allows, row by row with one pointer through the
+ * parameters; widths of a multiple of 2 EO_GROUP take two groups at a time
+ * with one NaN test.  nt: non-temporal stores (rows VF_NT_MIN_ALIGN-byte
+ * aligned; half: not VF_NT_ALIGN-aligned) as vh_stream_seq's, the inputs
+ * prefetched about once a line. */
+INLINE void apply_rows_eo(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int nt)
+{
+    float q[4 * EO_MAX_W];
+    const float *const v[4] = {p->mhi, p->mlo, p->alpha, p->beta};
+    eo_params(v, 4, w, q);
+    const int half = ((uintptr_t)y % VF_NT_ALIGN) != 0;
+    vh prev = vh_zero();
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        const float *g = q;
+        if (w % (2 * EO_GROUP) == 0) {
+            for (int64_t i = o; i < o + w; i += 2 * EO_GROUP, g += 8 * EO_GROUP) {
+                vf e0, o0, e1, o1;
+                vh h0, h1;
+                if (nt) prefetch_lines_h(x, i, 2 * EO_GROUP);
+                vf_ld_eo(x, i, &e0, &o0);
+                vf_ld_eo(x, i + EO_GROUP, &e1, &o1);
+                vh_narrow_eo2(apply_eo_ps(e0, g, 0), apply_eo_ps(o0, g, VF_LANES),
+                              apply_eo_ps(e1, g + 4 * EO_GROUP, 0), apply_eo_ps(o1, g + 4 * EO_GROUP, VF_LANES),
+                              &h0, &h1);
+                st32_eo_seq(y, i, h0, h1, nt, half, &prev);
+            }
+            continue;
+        }
+        for (int64_t i = o; i < o + w; i += EO_GROUP, g += 4 * EO_GROUP) {
+            vf e, od;
+            if (nt && !(i % HALFWORDS_PER_LINE)) prefetch_ahead_of(x, i, CFBN_BF16);
+            vf_ld_eo(x, i, &e, &od);
+            e = apply_eo_ps(e, g, 0);
+            od = apply_eo_ps(od, g, VF_LANES);
+            if (nt) vh_stream_seq(y, i, vh_narrow_eo(e, od), half, &prev);
+            else vf_st_eo(y, i, e, od);
+        }
+    }
+    if (nt) vh_stream_seq_end(y, rows * w, half, prev);
+}
+
+INLINE void gapply_rows_eo(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                           int nt)
+{
+    float q[5 * EO_MAX_W];
+    const float *const v[5] = {p->mhi, p->mlo, p->a, p->b, p->c};
+    eo_params(v, 5, w, q);
+    const int half = ((uintptr_t)dx % VF_NT_ALIGN) != 0;
+    vh prev = vh_zero();
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        const float *g = q;
+        if (w % (2 * EO_GROUP) == 0) {
+            for (int64_t i = o; i < o + w; i += 2 * EO_GROUP, g += 10 * EO_GROUP) {
+                vf ge0, go0, xe0, xo0, ge1, go1, xe1, xo1;
+                vh h0, h1;
+                if (nt) prefetch_lines_h(dy, i, 2 * EO_GROUP), prefetch_lines_h(x, i, 2 * EO_GROUP);
+                vf_ld_eo(dy, i, &ge0, &go0);
+                vf_ld_eo(x, i, &xe0, &xo0);
+                vf_ld_eo(dy, i + EO_GROUP, &ge1, &go1);
+                vf_ld_eo(x, i + EO_GROUP, &xe1, &xo1);
+                vh_narrow_eo2(gapply_eo_ps(ge0, xe0, g, 0), gapply_eo_ps(go0, xo0, g, VF_LANES),
+                              gapply_eo_ps(ge1, xe1, g + 5 * EO_GROUP, 0),
+                              gapply_eo_ps(go1, xo1, g + 5 * EO_GROUP, VF_LANES), &h0, &h1);
+                st32_eo_seq(dx, i, h0, h1, nt, half, &prev);
+            }
+            continue;
+        }
+        for (int64_t i = o; i < o + w; i += EO_GROUP, g += 5 * EO_GROUP) {
+            vf ge, go, xe, xo;
+            if (nt && !(i % HALFWORDS_PER_LINE))
+                prefetch_ahead_of(dy, i, CFBN_BF16), prefetch_ahead_of(x, i, CFBN_BF16);
+            vf_ld_eo(dy, i, &ge, &go);
+            vf_ld_eo(x, i, &xe, &xo);
+            xe = gapply_eo_ps(ge, xe, g, 0);
+            xo = gapply_eo_ps(go, xo, g, VF_LANES);
+            if (nt) vh_stream_seq(dx, i, vh_narrow_eo(xe, xo), half, &prev);
+            else vf_st_eo(dx, i, xe, xo);
+        }
+    }
+    if (nt) vh_stream_seq_end(dx, rows * w, half, prev);
+}
+
+/* ---- pairwise sums of 8 vectors in float ---- */
+
+INLINE vf tree8(vf a0, vf a1, vf a2, vf a3, vf a4, vf a5, vf a6, vf a7)
+{
+    return vf_add(vf_add(vf_add(a0, a1), vf_add(a2, a3)),
+                         vf_add(vf_add(a4, a5), vf_add(a6, a7)));
+}
+
+/* sum of squares of 8 vectors, pairwise */
+INLINE vf sq_tree8(vf d0, vf d1, vf d2, vf d3, vf d4, vf d5, vf d6, vf d7)
+{
+    vf q01 = vf_fma(d1, d1, vf_mul(d0, d0));
+    vf q23 = vf_fma(d3, d3, vf_mul(d2, d2));
+    vf q45 = vf_fma(d5, d5, vf_mul(d4, d4));
+    vf q67 = vf_fma(d7, d7, vf_mul(d6, d6));
+    return vf_add(vf_add(q01, q23), vf_add(q45, q67));
+}
+
+/* sum of products of 8 vector pairs, pairwise */
+INLINE vf dot_tree8(const vf *g, const vf *d)
+{
+    vf p01 = vf_fma(g[1], d[1], vf_mul(g[0], d[0]));
+    vf p23 = vf_fma(g[3], d[3], vf_mul(g[2], d[2]));
+    vf p45 = vf_fma(g[5], d[5], vf_mul(g[4], d[4]));
+    vf p67 = vf_fma(g[7], d[7], vf_mul(g[6], d[6]));
+    return vf_add(vf_add(p01, p23), vf_add(p45, p67));
+}
+
+/* ---- float block sums that left float's range ----
+ * Float has 8 exponent bits to double's 11.  A block sum, a square or a
+ * product dy * (x - mhi) formed in float overflows where double does not:
+ * one 2e19 among unit values squares to inf, while the variance (6e33 over
+ * 65536 values) is a finite float.  Below 2^-126 a float product keeps only
+ * part of its bits: gradual underflow loses up to 2^-150 per product.  So a
+ * kernel that sums blocks in float checks each column's (or run's) two sums
+ * once it is done, and sums that column again in double, as bn_scalar.c
+ * does, when
+ *   - a sum is not finite: a block overflowed, or the data hold a NaN or an
+ *     infinity, which the double sums then propagate as the scalar table's;
+ *   - the second sum is below count * TINY_SUM: only then can the losses to
+ *     underflow, at most count * 2^-150, exceed 2^-54 of that sum.
+ * A second sum of exactly 0 is kept where it is the common exact zero, so
+ * that such columns stay on the fast path: when the first sum is 0 too (a
+ * constant column of x; dy = 0), and, for the gradient, when the mean is 0
+ * (a channel of zeros) or |sum dy| |mhi| >= count * TINY_SUM (x constant at
+ * a nonzero mean, where whatever may have vanished is far below the
+ * rounding of the terms dy * x).  (Missed: terms that all vanish while
+ * their first sums cancel exactly, or around a gradient's mean of exactly
+ * 0; a loss of at most count * 2^-150.)  Otherwise the check costs one pass
+ * of vector compares over a piece's 2 w sums; the decision depends only on
+ * the column's data and the shape, so results stay independent of the
+ * thread count.
+ * Non-finite data should not make a pass slow: a gradient with a mean that
+ * is not finite (the statistics of a channel holding a NaN) keeps its float
+ * second sum, which is then not finite in double either, and of the same
+ * kind (NaN, or an infinity of the same sign); a column summed again stops
+ * at its first NaN, after which its sums stay NaN. */
+#define TINY_SUM 0x1p-96
+
+/* What sums s1, s2 of count elements summed in float need: REDO_S1 and/or
+ * REDO_S2, or 0.  For gradient sums m is |mhi| and mfin whether mhi and mlo
+ * are finite; statistics pass m < 0 and mfin 1. */
+enum { REDO_S1 = 1, REDO_S2 = 2 };
+static int needs_double(double s1, double s2, double count, double m, int mfin)
+{
+    double tiny = count * TINY_SUM;
+    int redo = fabs(s1) <= DBL_MAX ? 0 : REDO_S1;
+    if (!mfin || (fabs(s2) >= tiny && fabs(s2) <= DBL_MAX)) return redo;
+    if (s2 == 0.0 && (s1 == 0.0 || m == 0.0 || fabs(s1) * m >= tiny)) return redo;
+    return redo | REDO_S2;
+}
+
+INLINE int finite_f(float v) { return fabsf(v) <= FLT_MAX; }
+
+/* All-ones lanes where needs_double's quick tests fail: s1 or s2 not
+ * finite, or |s2| < tiny (a superset of the lanes that need double).
+ * s1 - s1 is 0, or NaN when s1 is not finite, which then fails the first
+ * compare. */
+INLINE vd suspect_pd(vd s1, vd s2, vd tiny)
+{
+    vd t = vd_add(vd_abs(s2), vd_sub(s1, s1));
+    return vd_mask_bits(vd_mask_or(vd_nge(t, tiny), vd_gt(t, vd_set1(DBL_MAX))));
+}
+
+/* Whether any of w columns (a multiple of VD_LANES), with sums acc[j] and
+ * acc[w + j] of count elements, fails the quick tests: one pass of vector
+ * compares, after which only such columns are looked at one by one. */
+INLINE int any_suspect(const double *acc, int64_t w, double count)
+{
+    vd tiny = vd_set1(count * TINY_SUM), bad = vd_zero();
+    for (int64_t j = 0; j < w; j += VD_LANES)
+        bad = vd_or(bad, suspect_pd(vd_load(acc + j), vd_load(acc + w + j), tiny));
+    return vd_mask_any(vd_bits_mask(bad));
+}
+
+/* Column j of rows x w summed again in double, element by element as
+ * bn_scalar.c sums it.  One column alone: the other columns, and so the
+ * other channels, keep their bits when one channel holds a NaN.  A NaN d
+ * makes both sums NaN for good, so the loop stops there. */
+COLD void stats_column_pd(const void *x, int64_t rows, int64_t w, int64_t j, double shift, double *s1, double *s2,
+                          int dt)
+{
+    double a = 0.0, b = 0.0;
+    for (int64_t r = 0; r < rows && b == b; r++) {
+        double d = (double)ld1(x, r * w + j, dt) - shift;
+        a += d;
+        b += d * d;
+    }
+    *s1 = a;
+    *s2 = b;
+}
+
+/* The sums needs_double asked for (redo), of column j, again in double.
+ * With a finite first sum every dy is finite, so a leading stretch of
+ * x - mhi - mlo == 0 adds exactly 0 to the second sum and needs no dy: a
+ * column of x constant at the mean costs one read of x. */
+COLD void gstats_column_pd(const void *dy, const void *x, int64_t rows, int64_t w, int64_t j, float mhi, float mlo,
+                           int redo, double *s1, double *s2, int dt)
+{
+    if (redo & REDO_S1) {
+        double a = 0.0;
+        for (int64_t r = 0; r < rows && a == a; r++) a += ld1(dy, r * w + j, dt);
+        *s1 = a;
+    }
+    if (redo & REDO_S2) {
+        int64_t r = 0;
+        if (fabs(*s1) <= DBL_MAX)
+            while (r < rows && (ld1(x, r * w + j, dt) - mhi) - mlo == 0.0f) r++;
+        double b = 0.0;
+        for (; r < rows && b == b; r++) {
+            float d = (ld1(x, r * w + j, dt) - mhi) - mlo;
+            b += (double)ld1(dy, r * w + j, dt) * (double)d;
+        }
+        *s2 = b;
+    }
+}
+
+/* Each of w columns whose float gradient sums (acc[j], acc[w + j] over
+ * rows) need double, as needs_double decides, summed again. */
+INLINE void gstats_redo_columns(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                                double *acc, int dt)
+{
+    for (int64_t j = 0; j < w; j++) {
+        int redo = needs_double(acc[j], acc[w + j], (double)rows, fabs(p->mhi[j]),
+                                finite_f(p->mhi[j]) && finite_f(p->mlo[j]));
+        if (redo) gstats_column_pd(dy, x, rows, w, j, p->mhi[j], p->mlo[j], redo, acc + j, acc + w + j, dt);
+    }
+}
+
+/* ---- float-compute flat streams: VF_LANES-element blocks with an even
+ * index use the first parameter set, odd blocks the second ---- */
+
+/* sh: shift lanes lo, hi of even blocks, then of odd blocks */
+INLINE void stats_flat_ps(const void *x, int64_t n, const vd *sh, int dt, acc8 *ea, acc8 *oa)
+{
+    acc8 a = acc8_zero(), b = acc8_zero();
+    int64_t i = 0;
+    for (; i + 2 * VF_LANES <= n; i += 2 * VF_LANES) {
+        prefetch_ahead_of(x, i, dt);
+        stats_step(&a, vd_ld_widen(x, i, dt), vd_ld_widen(x, i + VD_LANES, dt), sh[0], sh[1]);
+        stats_step(&b, vd_ld_widen(x, i + VF_LANES, dt), vd_ld_widen(x, i + VF_LANES + VD_LANES, dt), sh[2],
+                   sh[3]);
+    }
+    int odd = 0;
+    if (i + VF_LANES <= n) {
+        stats_step(&a, vd_ld_widen(x, i, dt), vd_ld_widen(x, i + VD_LANES, dt), sh[0], sh[1]);
+        i += VF_LANES;
+        odd = 1;
+    }
+    if (i < n) {
+        int64_t cnt = n - i;
+        vf v = vf_ld_part(x, i, cnt, cnt, dt);
+        vd_mask mlo = vd_mask_first(cnt), mhi = vd_mask_first(cnt - VD_LANES);
+        /* dead lanes: x reads as 0 and the shift is masked to 0, so d = 0 */
+        if (odd)
+            stats_step(&b, vf_lo_pd(v), vf_hi_pd(v), vd_keep(sh[2], mlo), vd_keep(sh[3], mhi));
+        else
+            stats_step(&a, vf_lo_pd(v), vf_hi_pd(v), vd_keep(sh[0], mlo), vd_keep(sh[1], mhi));
+    }
+    *ea = a;
+    *oa = b;
+}
+
+/* elements of one block of the float tree: 8 vectors of each of the two
+ * parameter sets */
+#define TREE_SPAN (16 * VF_LANES)
+
+/* Adds the sums of 8 vectors (g[k], u[k]) to a: the vectors are summed
+ * pairwise in float first, as the rows kernels do, and the result is
+ * widened once.  u = x - mhi (exact near the mean); the mlo part of the mean
+ * comes off in double, as sum g (x - mhi) - mlo sum g, which is more
+ * accurate than subtracting it from every element and takes one float
+ * subtraction less per element. */
+INLINE void gstats_tree_step(acc8 *a, const vf *g, const vf *u, vf mlo)
+{
+    vf t1 = tree8(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]), t2 = dot_tree8(g, u);
+    vd t1lo = vf_lo_pd(t1), t1hi = vf_hi_pd(t1);
+    a->s1lo = vd_add(a->s1lo, t1lo);
+    a->s1hi = vd_add(a->s1hi, t1hi);
+    a->s2lo = vd_fnma(vf_lo_pd(mlo), t1lo, vd_add(a->s2lo, vf_lo_pd(t2)));
+    a->s2hi = vd_fnma(vf_hi_pd(mlo), t1hi, vd_add(a->s2hi, vf_hi_pd(t2)));
+}
+
+/* m: mhi, mlo of even blocks, then of odd blocks.  tree: sum blocks of 8
+ * vector pairs (TREE_SPAN elements) in float first (the fast way); 0 forms every product and sum in
+ * double (for sums that left float's range, see needs_double). */
+INLINE void gstats_flat_ps(const void *dy, const void *x, int64_t n, const vf *m, int dt, int tree,
+                           acc8 *ea, acc8 *oa)
+{
+    acc8 a = acc8_zero(), b = acc8_zero();
+    int64_t i = 0;
+    for (; tree && i + TREE_SPAN <= n; i += TREE_SPAN) {
+        vf g[8], d[8];
+        for (int k = 0; k < 8; k++) {
+            prefetch_ahead_of(dy, i + 2 * VF_LANES * k, dt);
+            prefetch_ahead_of(x, i + 2 * VF_LANES * k, dt);
+            g[k] = vf_ld(dy, i + 2 * VF_LANES * k, dt);
+            d[k] = sub_ps(vf_ld(x, i + 2 * VF_LANES * k, dt), m[0]);
+        }
+        gstats_tree_step(&a, g, d, m[1]);
+        for (int k = 0; k < 8; k++) {
+            g[k] = vf_ld(dy, i + 2 * VF_LANES * k + VF_LANES, dt);
+            d[k] = sub_ps(vf_ld(x, i + 2 * VF_LANES * k + VF_LANES, dt), m[2]);
+        }
+        gstats_tree_step(&b, g, d, m[3]);
+    }
+    for (; i + 2 * VF_LANES <= n; i += 2 * VF_LANES) {
+        gstats_step(&a, vf_ld(dy, i, dt), centered_ps(vf_ld(x, i, dt), m[0], m[1]));
+        gstats_step(&b, vf_ld(dy, i + VF_LANES, dt), centered_ps(vf_ld(x, i + VF_LANES, dt), m[2], m[3]));
+    }
+    int odd = 0;
+    if (i + VF_LANES <= n) {
+        gstats_step(&a, vf_ld(dy, i, dt), centered_ps(vf_ld(x, i, dt), m[0], m[1]));
+        i += VF_LANES;
+        odd = 1;
+    }
+    if (i < n) {
+        int64_t cnt = n - i;
+        vf_mask mk = vf_mask_first(cnt);
+        vf g = vf_ld_part(dy, i, cnt, cnt, dt), v = vf_ld_part(x, i, cnt, cnt, dt);
+        /* dead lanes: dy = 0 and d = 0, so even an inf mean adds nothing */
+        if (odd)
+            gstats_step(&b, g, centered_ps(v, vf_keep(m[2], mk), vf_keep(m[3], mk)));
+        else
+            gstats_step(&a, g, centered_ps(v, vf_keep(m[0], mk), vf_keep(m[1], mk)));
+    }
+    *ea = a;
+    *oa = b;
+}
+
+/* p: mhi, mlo, alpha, beta of even blocks, then of odd blocks */
+INLINE void apply_flat_ps(const void *x, void *y, int64_t n, const vf *p, int dt)
+{
+    int64_t i = 0;
+    for (; i + 4 * VF_LANES <= n; i += 4 * VF_LANES) {
+        vf v0 = vf_ld(x, i, dt), v1 = vf_ld(x, i + VF_LANES, dt);
+        vf v2 = vf_ld(x, i + 2 * VF_LANES, dt), v3 = vf_ld(x, i + 3 * VF_LANES, dt);
+        vf_st2(y, i, apply_ps(v0, p[0], p[1], p[2], p[3]), apply_ps(v1, p[4], p[5], p[6], p[7]), dt);
+        vf_st2(y, i + 2 * VF_LANES, apply_ps(v2, p[0], p[1], p[2], p[3]), apply_ps(v3, p[4], p[5], p[6], p[7]),
+               dt);
+    }
+    for (; i + VF_LANES <= n; i += VF_LANES) {
+        const vf *q = p + 4 * ((i / VF_LANES) & 1);
+        vf_st(y, i, apply_ps(vf_ld(x, i, dt), q[0], q[1], q[2], q[3]), dt);
+    }
+    if (i < n) {
+        const vf *q = p + 4 * ((i / VF_LANES) & 1);
+        vf_st_part(y, i, apply_ps(vf_ld_part(x, i, n - i, n - i, dt), q[0], q[1], q[2], q[3]), n - i, dt);
+    }
+}
+
+/* p: mhi, mlo, a, b, c of even blocks, then of odd blocks */
+INLINE void gapply_flat_ps(const void *dy, const void *x, void *dx, int64_t n, const vf *p, int dt)
+{
+    int64_t i = 0;
+    for (; i + 2 * VF_LANES <= n; i += 2 * VF_LANES) {
+        vf g0 = vf_ld(dy, i, dt), g1 = vf_ld(dy, i + VF_LANES, dt);
+        vf v0 = vf_ld(x, i, dt), v1 = vf_ld(x, i + VF_LANES, dt);
+        vf_st2(dx, i, gapply_ps(g0, v0, p[0], p[1], p[2], p[3], p[4]), gapply_ps(g1, v1, p[5], p[6], p[7], p[8], p[9]),
+             dt);
+    }
+    if (i + VF_LANES <= n) {
+        vf_st(dx, i, gapply_ps(vf_ld(dy, i, dt), vf_ld(x, i, dt), p[0], p[1], p[2], p[3], p[4]), dt);
+        i += VF_LANES;
+    }
+    if (i < n) {
+        const vf *q = p + 5 * ((i / VF_LANES) & 1);
+        int64_t cnt = n - i;
+        vf g = vf_ld_part(dy, i, cnt, cnt, dt), v = vf_ld_part(x, i, cnt, cnt, dt);
+        vf_st_part(dx, i, gapply_ps(g, v, q[0], q[1], q[2], q[3], q[4]), cnt, dt);
+    }
+}
+
+/* Per-lane parameter vectors for a width w that divides 2 VF_LANES: lane l
+ * of the flat stream belongs to column l % w. */
+INLINE void lanes_ps(const float *v, int64_t w, vf *even, vf *odd)
+{
+    float t[2 * VF_LANES];
+    for (int l = 0; l < 2 * VF_LANES; l++) t[l] = v[l % w];
+    *even = vf_load(t);
+    *odd = vf_load(t + VF_LANES);
+}
+
+/* ---- float-compute kernel bodies (f32, f16, bf16 storage) ---- */
+
+/* Adds the sums and the sums of squares of 8 vectors d, pairwise in float,
+ * to a (widened once) */
+INLINE void stats_block_add(acc8 *a, const vf *d)
+{
+    vf t1 = tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
+    vf t2 = sq_tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
+    a->s1lo = vd_add(a->s1lo, vf_lo_pd(t1));
+    a->s1hi = vd_add(a->s1hi, vf_hi_pd(t1));
+    a->s2lo = vd_add(a->s2lo, vf_lo_pd(t2));
+    a->s2hi = vd_add(a->s2hi, vf_hi_pd(t2));
+}
+
+/* Sums of x - shift over a run, every element widened to double */
+INLINE void stats_run_pd(const void *x, int64_t n, double shift, double *acc, int dt)
+{
+    vd s = vd_set1(shift);
+    const vd sh[4] = {s, s, s, s};
+    acc8 a, b;
+    stats_flat_ps(x, n, sh, dt, &a, &b);
+    acc[0] = vd_hsum(vd_add(vd_add(a.s1lo, a.s1hi), vd_add(b.s1lo, b.s1hi)));
+    acc[1] = vd_hsum(vd_add(vd_add(a.s2lo, a.s2hi), vd_add(b.s2lo, b.s2hi)));
+}
+
+/* 2-byte runs, whose widening to double would cost more than reading them:
+ * blocks of 8 vectors (bfloat16 by vf_ld_eo) summed pairwise
+ * in float from k, the shift rounded to float, as the rows kernels sum
+ * blocks of 8 rows, each block's sums widened once.  The elements after the
+ * blocks are summed in double from k; then the rounding of k is put back
+ * exactly, as in stats_rows8_ps, and a run whose float sums need double
+ * (needs_double) is summed again in double.  Float32 runs stay in double
+ * throughout: widening costs less than their reading. */
+INLINE void stats_run_ps(const void *x, int64_t n, double shift, double *acc, int dt)
+{
+    if (dt == CFBN_F32 || n < 8 * VF_LANES) {
+        stats_run_pd(x, n, shift, acc, dt);
+        return;
+    }
+    const float kf = (float)shift;
+    const vf k = vf_set1(kf);
+    acc8 a = acc8_zero();
+    int64_t i = 0;
+    for (; i + 8 * VF_LANES <= n; i += 8 * VF_LANES) {
+        /* once a 64-byte line */
+        prefetch_lines_h(x, i, 8 * VF_LANES);
+        vf d[8];
+        if (dt == CFBN_BF16) {
+            for (int r = 0; r < 4; r++) vf_ld_eo(x, i + 2 * VF_LANES * r, &d[2 * r], &d[2 * r + 1]);
+        } else {
+            for (int r = 0; r < 8; r++) d[r] = vf_ld(x, i + VF_LANES * r, dt);
+        }
+        for (int r = 0; r < 8; r++) d[r] = sub_ps(d[r], k);
+        stats_block_add(&a, d);
+    }
+    double rest[2] = {0.0, 0.0};
+    if (i < n) stats_run_pd(elem_at(x, i, dt), n - i, (double)kf, rest, dt);
+    double s1 = vd_hsum(vd_add(a.s1lo, a.s1hi)) + rest[0];
+    double s2 = vd_hsum(vd_add(a.s2lo, a.s2hi)) + rest[1];
+    /* sums of (x - k) to sums of (x - shift), with e = k - shift */
+    const double e = (double)kf - shift, ne = (double)n * e;
+    s2 += e * (2.0 * s1 + ne);
+    s1 += ne;
+    if (needs_double(s1, s2, (double)n, -1.0, 1)) {
+        stats_run_pd(x, n, shift, acc, dt);
+        return;
+    }
+    acc[0] = s1;
+    acc[1] = s2;
+}
+
+/* ---- rows whose width is a multiple of VF_LANES: blocks of 8 rows summed in float ----
+ * Row-major over blocks of 8 consecutive rows (one contiguous stretch of
+ * memory): each column's 8 values are summed pairwise in float, which bounds
+ * the error by three roundings of the block's magnitude, and block sums are
+ * added in double.  The float differences are taken from the shift rounded to
+ * float; the rounding is put back exactly in double at the end, so the sums
+ * are those of x - shift.  The driver picks a shift near the channel's mean,
+ * which keeps the squares small and the variance free of cancellation.  A
+ * column whose float sums left float's range is summed again in double at
+ * the end (needs_double). */
+
+#define SHIFT_BUF 1024
+INLINE vf shift_ps(const double *shift)
+{
+    return vf_from_pd(vd_load(shift), vd_load(shift + VD_LANES));
+}
+
+/* Blocks of 8 rows are walked in memory order, and acc (2 w doubles, which
+ * stay in L1) takes each block's sums.  Loads of a block come from 8 rows at
+ * once, a pattern the hardware prefetchers follow poorly from DRAM, so each
+ * column group also prefetches its share of the lines PREFETCH_BYTES ahead
+ * in every array it reads: 8 rows x VF_LANES columns. */
+#define PREFETCH_BYTES 4096
+
+INLINE void prefetch_group(const void *base, int64_t o, int64_t j, size_t es)
+{
+    const char *q = (const char *)base + (size_t)o * es + PREFETCH_BYTES + (size_t)j * 8 * es;
+    for (size_t b = 0; b < 8 * VF_LANES * es; b += 64) prefetch_l1(q + b);
+}
+
+/* The same into L2 only, for the gradient sums, which read two arrays: with
+ * both prefetched into L1 the fills crowd out the lines in use (measured on
+ * (64,112,112,64): 20% faster from DRAM, 5-15% from L3, where the
+ * one-array statistics are faster with the L1 prefetch). */
+INLINE void prefetch_group_l2(const void *base, int64_t o, int64_t j, size_t es)
+{
+    const char *q = (const char *)base + (size_t)o * es + PREFETCH_BYTES + (size_t)j * 8 * es;
+    for (size_t b = 0; b < 8 * VF_LANES * es; b += 64) prefetch_l2(q + b);
+}
+
+INLINE void add_block(double *acc, int64_t w, int64_t j, vf t1, vf t2)
+{
+    vd_store(acc + j, vd_add(vd_load(acc + j), vf_lo_pd(t1)));
+    vd_store(acc + j + VD_LANES, vd_add(vd_load(acc + j + VD_LANES), vf_hi_pd(t1)));
+    vd_store(acc + w + j, vd_add(vd_load(acc + w + j), vf_lo_pd(t2)));
+    vd_store(acc + w + j + VD_LANES, vd_add(vd_load(acc + w + j + VD_LANES), vf_hi_pd(t2)));
+}
+
+/* add_block for gradient sums of products with u = x - mhi: the second
+ * sums take mlo times the first off in double */
+INLINE void add_block_mlo(double *acc, int64_t w, int64_t j, vf t1, vf t2, vf mlo)
+{
+    vd t1lo = vf_lo_pd(t1), t1hi = vf_hi_pd(t1);
+    vd_store(acc + j, vd_add(vd_load(acc + j), t1lo));
+    vd_store(acc + j + VD_LANES, vd_add(vd_load(acc + j + VD_LANES), t1hi));
+    vd_store(acc + w + j, vd_fnma(vf_lo_pd(mlo), t1lo, vd_add(vd_load(acc + w + j), vf_lo_pd(t2))));
+    vd_store(acc + w + j + VD_LANES,
+             vd_fnma(vf_hi_pd(mlo), t1hi, vd_add(vd_load(acc + w + j + VD_LANES), vf_hi_pd(t2))));
+}
+
+INLINE void stats_rows8_ps(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int dt)
+{
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    const size_t es = dt ? 2 : 4;
+    /* the shifts rounded to float once per call where they fit */
+    float kf[SHIFT_BUF];
+    const int have_kf = w <= SHIFT_BUF;
+    if (have_kf)
+        for (int64_t j = 0; j < w; j += VF_LANES) vf_store(kf + j, shift_ps(shift + j));
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < w; j += VF_LANES) {
+            prefetch_group(x, o, j, es);
+            vf k = have_kf ? vf_load(kf + j) : shift_ps(shift + j);
+            vf d[8];
+            for (int i = 0; i < 8; i++) d[i] = sub_ps(vf_ld(x, o + i * w + j, dt), k);
+            add_block(acc, w, j, tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]),
+                      sq_tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]));
+        }
+    }
+    for (; r < rows; r++) {
+        for (int64_t j = 0; j < w; j += VF_LANES) {
+            vf d = vf_sub(vf_ld(x, r * w + j, dt), shift_ps(shift + j));
+            add_block(acc, w, j, d, vf_mul(d, d));
+        }
+    }
+    /* from sums of (x - k) to sums of (x - shift): with e = k - shift,
+     * sum(d + e) = s1 + n e and sum((d + e)^2) = s2 + 2 e s1 + n e^2; the
+     * same pass takes needs_double's quick tests */
+    const double n = (double)rows;
+    const vd vn = vd_set1(n), two = vd_set1(2.0), tiny = vd_set1(n * TINY_SUM);
+    vd bad = vd_zero();
+    for (int64_t j = 0; j < w; j += VD_LANES) {
+        vd sh = vd_load(shift + j);
+        vd e = vd_sub(vd_to_float_and_back(sh), sh);
+        vd s1 = vd_load(acc + j), s2 = vd_load(acc + w + j);
+        vd ne = vd_mul(vn, e);
+        s2 = vd_add(s2, vd_mul(e, vd_add(vd_mul(two, s1), ne)));
+        s1 = vd_add(s1, ne);
+        vd_store(acc + j, s1);
+        vd_store(acc + w + j, s2);
+        bad = vd_or(bad, suspect_pd(s1, s2, tiny));
+    }
+    if (vd_mask_any(vd_bits_mask(bad))) {
+        for (int64_t j = 0; j < w; j++)
+            if (needs_double(acc[j], acc[w + j], n, -1.0, 1))
+                stats_column_pd(x, rows, w, j, shift[j], acc + j, acc + w + j, dt);
+    }
+}
+
+INLINE void gstats_rows8_ps(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                            double *acc, int dt)
+{
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    const size_t es = dt ? 2 : 4;
+    int64_t r = 0;
+    /* Rows are addressed as a block pointer plus k times the row stride,
+     * and the pairwise sums are formed as soon as a pair is loaded: both
+     * keep the loop within the registers (16 row pointers and 16 live
+     * vectors spilled to the stack). */
+    const size_t rs = (size_t)w * es;
+    const float *mhi = p->mhi, *mlo = p->mlo;
+    for (; r + 8 <= rows; r += 8) {
+        const int64_t o = r * w;
+        const char *bd = (const char *)dy + (size_t)o * es, *bx = (const char *)x + (size_t)o * es;
+        for (int64_t j = 0; j < w; j += VF_LANES, bd += VF_LANES * es, bx += VF_LANES * es) {
+            prefetch_group_l2(dy, o, j, es);
+            prefetch_group_l2(x, o, j, es);
+            const vf m = vf_load(mhi + j);
+            vf s[4], q[4];
+            for (int k = 0; k < 4; k++) {
+                vf g0 = vf_ld(bd + 2 * k * rs, 0, dt), g1 = vf_ld(bd + (2 * k + 1) * rs, 0, dt);
+                vf u0 = sub_ps(vf_ld(bx + 2 * k * rs, 0, dt), m);
+                vf u1 = sub_ps(vf_ld(bx + (2 * k + 1) * rs, 0, dt), m);
+                s[k] = vf_add(g0, g1);
+                q[k] = vf_fma(g1, u1, vf_mul(g0, u0));
+            }
+            /* the order of tree8 and dot_tree8; mlo comes off in double,
+             * as in gstats_tree_step */
+            vf t1 = vf_add(vf_add(s[0], s[1]), vf_add(s[2], s[3]));
+            vf t2 = vf_add(vf_add(q[0], q[1]), vf_add(q[2], q[3]));
+            add_block_mlo(acc, w, j, t1, t2, vf_load(mlo + j));
+        }
+    }
+    for (; r < rows; r++) {
+        for (int64_t j = 0; j < w; j += VF_LANES) {
+            vf m = vf_load(p->mhi + j), l = vf_load(p->mlo + j);
+            vf g = vf_ld(dy, r * w + j, dt);
+            add_block(acc, w, j, g, vf_mul(g, centered_ps(vf_ld(x, r * w + j, dt), m, l)));
+        }
+    }
+    if (any_suspect(acc, w, (double)rows)) gstats_redo_columns(dy, x, rows, w, p, acc, dt);
+}
+
+INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int dt)
+{
+    if (w <= 0) return;
+    if (w % VF_LANES == 0 && w > 2 * VF_LANES) {
+        stats_rows8_ps(x, rows, w, shift, acc, dt);
+        return;
+    }
+    if ((2 * VF_LANES) % w == 0) {
+        double t[2 * VF_LANES], s1[2 * VF_LANES], s2[2 * VF_LANES];
+        for (int l = 0; l < 2 * VF_LANES; l++) t[l] = shift[l % w];
+        const vd sh[4] = {vd_load(t), vd_load(t + VD_LANES), vd_load(t + VF_LANES),
+                          vd_load(t + VF_LANES + VD_LANES)};
+        acc8 a, b;
+        stats_flat_ps(x, rows * w, sh, dt, &a, &b);
+        acc8_store(&a, s1, s2);
+        acc8_store(&b, s1 + VF_LANES, s2 + VF_LANES);
+        fold_lanes(s1, 2 * VF_LANES, w, acc);
+        fold_lanes(s2, 2 * VF_LANES, w, acc + w);
+        return;
+    }
+    /* Full VF_LANES-column blocks accumulate in acc (L1-resident, two rows per
+     * load/store); the partial block sits at the same columns in every row,
+     * so its sums stay in registers. */
+    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    acc8 t = acc8_zero();
+    vd tlo = vd_zero(), thi = vd_zero();
+    if (cnt > 0) tlo = vd_load_part(shift + full, vd_mask_first(cnt));
+    if (cnt > VD_LANES) thi = vd_load_part(shift + full + VD_LANES, vd_mask_first(cnt - VD_LANES));
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const int64_t o0 = r * w, o1 = o0 + w;
+        for (int64_t j = 0; j < full; j += VF_LANES) {
+            acc8 c = acc8_load(acc + j, acc + w + j);
+            vd slo = vd_load(shift + j), shi = vd_load(shift + j + VD_LANES);
+            stats_step(&c, vd_ld_widen(x, o0 + j, dt), vd_ld_widen(x, o0 + j + VD_LANES, dt), slo, shi);
+            stats_step(&c, vd_ld_widen(x, o1 + j, dt), vd_ld_widen(x, o1 + j + VD_LANES, dt), slo, shi);
+            acc8_store(&c, acc + j, acc + w + j);
+        }
+        if (cnt) {
+            vf v0 = vf_ld_part(x, o0 + full, cnt, n - o0 - full, dt);
+            vf v1 = vf_ld_part(x, o1 + full, cnt, n - o1 - full, dt);
+            stats_step(&t, vf_lo_pd(v0), vf_hi_pd(v0), tlo, thi);
+            stats_step(&t, vf_lo_pd(v1), vf_hi_pd(v1), tlo, thi);
+        }
+    }
+    if (r < rows) {
+        const int64_t o0 = r * w;
+        for (int64_t j = 0; j < full; j += VF_LANES) {
+            acc8 c = acc8_load(acc + j, acc + w + j);
+            stats_step(&c, vd_ld_widen(x, o0 + j, dt), vd_ld_widen(x, o0 + j + VD_LANES, dt),
+                       vd_load(shift + j), vd_load(shift + j + VD_LANES));
+            acc8_store(&c, acc + j, acc + w + j);
+        }
+        if (cnt) {
+            vf v0 = vf_ld_part(x, o0 + full, cnt, n - o0 - full, dt);
+            stats_step(&t, vf_lo_pd(v0), vf_hi_pd(v0), tlo, thi);
+        }
+    }
+    if (cnt) acc8_store_part(&t, acc + full, acc + w + full, cnt);
+}
+
+/* A run: q as apply_flat_ps's, both sets the same.  bfloat16 goes 2 VF_LANES
+ * elements at a time through vf_ld_eo and vf_st_eo.  A run of 2 VF_LANES or
+ * more that 2 VF_LANES does not divide ends with whole vectors over its
+ * last 2 VF_LANES elements instead of a masked tail: loaded before any store (y may be x)
+ * and stored last, so the elements they share with the body are written
+ * twice with the same values.  Elementwise, so the outputs are those of
+ * apply_flat_ps. */
+INLINE void apply_uni_ps(const void *x, void *y, int64_t n, const vf *q, int dt)
+{
+    if (n < 2 * VF_LANES) {
+        apply_flat_ps(x, y, n, q, dt);
+        return;
+    }
+    const int64_t body = n & ~(int64_t)(2 * VF_LANES - 1);
+    vf t0 = vf_zero(), t1 = t0;
+    if (body < n) {
+        if (dt == CFBN_BF16) vf_ld_eo(x, n - 2 * VF_LANES, &t0, &t1);
+        else t0 = vf_ld(x, n - 2 * VF_LANES, dt), t1 = vf_ld(x, n - VF_LANES, dt);
+    }
+    if (dt == CFBN_BF16) {
+        for (int64_t i = 0; i < body; i += 2 * VF_LANES) {
+            vf e, o;
+            vf_ld_eo(x, i, &e, &o);
+            vf_st_eo(y, i, apply_ps(e, q[0], q[1], q[2], q[3]), apply_ps(o, q[0], q[1], q[2], q[3]));
+        }
+    } else {
+        apply_flat_ps(x, y, body, q, dt);
+    }
+    if (body < n) {
+        t0 = apply_ps(t0, q[0], q[1], q[2], q[3]);
+        t1 = apply_ps(t1, q[0], q[1], q[2], q[3]);
+        if (dt == CFBN_BF16) vf_st_eo(y, n - 2 * VF_LANES, t0, t1);
+        else vf_st2(y, n - 2 * VF_LANES, t0, t1, dt);
+    }
+}
+
+INLINE void apply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
+{
+    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
+    vf a = vf_set1(p->alpha[0]), b = vf_set1(p->beta[0]);
+    const vf q[8] = {m, l, a, b, m, l, a, b};
+    apply_uni_ps(x, y, n, q, dt);
+}
+
+INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
+{
+    if (w <= 0) return;
+    if ((2 * VF_LANES) % w == 0) {
+        vf q[8];
+        lanes_ps(p->mhi, w, &q[0], &q[4]);
+        lanes_ps(p->mlo, w, &q[1], &q[5]);
+        lanes_ps(p->alpha, w, &q[2], &q[6]);
+        lanes_ps(p->beta, w, &q[3], &q[7]);
+        apply_flat_ps(x, y, rows * w, q, dt);
+        return;
+    }
+    if (eo_rows(dt, w)) {
+        apply_rows_eo(x, y, rows, w, p, 0);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
+    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm;
+    if (cnt) {
+        vf_mask mk = vf_mask_first(cnt);
+        tm = vf_load_part(p->mhi + full, mk);
+        tl = vf_load_part(p->mlo + full, mk);
+        ta = vf_load_part(p->alpha + full, mk);
+        tb = vf_load_part(p->beta + full, mk);
+    }
+    int64_t r = 0;
+    for (; r < rows; r++) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += VF_LANES) {
+            vf v = apply_ps(vf_ld(x, o + j, dt), vf_load(p->mhi + j), vf_load(p->mlo + j),
+                                vf_load(p->alpha + j), vf_load(p->beta + j));
+            vf_st(y, o + j, v, dt);
+        }
+        if (cnt) {
+            vf v = vf_ld_part(x, o + full, cnt, n - o - full, dt);
+            vf_st_part(y, o + full, apply_ps(v, tm, tl, ta, tb), cnt, dt);
+        }
+    }
+}
+
+/* The gradient sums of `runs` runs of n elements, `stride` apart, with
+ * every product and sum in double: run kernels whose float block sums left
+ * float's range (needs_double) take them from here. */
+COLD void gstats_runs_pd(const void *dy, const void *x, int64_t n, int64_t runs, int64_t stride,
+                         const cfbn_grad_f32 *p, double *acc, int dt)
+{
+    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
+    const vf q[4] = {m, l, m, l};
+    const size_t step = (size_t)stride * (dt ? 2 : 4);
+    vd s1 = vd_zero(), s2 = vd_zero();
+    for (int64_t k = 0; k < runs; k++) {
+        acc8 a, b;
+        gstats_flat_ps((const char *)dy + k * step, (const char *)x + k * step, n, q, dt, 0, &a, &b);
+        s1 = vd_add(s1, vd_add(vd_add(a.s1lo, a.s1hi), vd_add(b.s1lo, b.s1hi)));
+        s2 = vd_add(s2, vd_add(vd_add(a.s2lo, a.s2hi), vd_add(b.s2lo, b.s2hi)));
+    }
+    acc[0] = vd_hsum(s1);
+    acc[1] = vd_hsum(s2);
+}
+
+INLINE int run_needs_double(const double *acc, int64_t count, const cfbn_grad_f32 *p)
+{
+    int mfin = finite_f(p->mhi[0]) && finite_f(p->mlo[0]);
+    return needs_double(acc[0], acc[1], (double)count, fabs(p->mhi[0]), mfin);
+}
+
+INLINE void gstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc, int dt)
+{
+    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
+    const vf q[4] = {m, l, m, l};
+    acc8 a, b;
+    gstats_flat_ps(dy, x, n, q, dt, 1, &a, &b);
+    acc[0] = vd_hsum(vd_add(vd_add(a.s1lo, a.s1hi), vd_add(b.s1lo, b.s1hi)));
+    acc[1] = vd_hsum(vd_add(vd_add(a.s2lo, a.s2hi), vd_add(b.s2lo, b.s2hi)));
+    if (n >= TREE_SPAN && run_needs_double(acc, n, p)) gstats_runs_pd(dy, x, n, 1, 0, p, acc, dt);
+}
+
+INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                           double *acc, int dt)
+{
+    if (w <= 0) return;
+    if (w % VF_LANES == 0 && w > 2 * VF_LANES) {
+        gstats_rows8_ps(dy, x, rows, w, p, acc, dt);
+        return;
+    }
+    if ((2 * VF_LANES) % w == 0) {
+        vf q[4];
+        double s1[2 * VF_LANES], s2[2 * VF_LANES];
+        lanes_ps(p->mhi, w, &q[0], &q[2]);
+        lanes_ps(p->mlo, w, &q[1], &q[3]);
+        acc8 a, b;
+        gstats_flat_ps(dy, x, rows * w, q, dt, 1, &a, &b);
+        acc8_store(&a, s1, s2);
+        acc8_store(&b, s1 + VF_LANES, s2 + VF_LANES);
+        fold_lanes(s1, 2 * VF_LANES, w, acc);
+        fold_lanes(s2, 2 * VF_LANES, w, acc + w);
+        if (rows * w >= TREE_SPAN) gstats_redo_columns(dy, x, rows, w, p, acc, dt);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    acc8 t = acc8_zero();
+    vf tm = vf_zero(), tl = tm;
+    if (cnt) {
+        vf_mask mk = vf_mask_first(cnt);
+        tm = vf_load_part(p->mhi + full, mk);
+        tl = vf_load_part(p->mlo + full, mk);
+    }
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const int64_t o0 = r * w, o1 = o0 + w;
+        for (int64_t j = 0; j < full; j += VF_LANES) {
+            acc8 c = acc8_load(acc + j, acc + w + j);
+            vf m = vf_load(p->mhi + j), l = vf_load(p->mlo + j);
+            gstats_step(&c, vf_ld(dy, o0 + j, dt), centered_ps(vf_ld(x, o0 + j, dt), m, l));
+            gstats_step(&c, vf_ld(dy, o1 + j, dt), centered_ps(vf_ld(x, o1 + j, dt), m, l));
+            acc8_store(&c, acc + j, acc + w + j);
+        }
+        if (cnt) {
+            gstats_step(&t, vf_ld_part(dy, o0 + full, cnt, n - o0 - full, dt),
+                        centered_ps(vf_ld_part(x, o0 + full, cnt, n - o0 - full, dt), tm, tl));
+            gstats_step(&t, vf_ld_part(dy, o1 + full, cnt, n - o1 - full, dt),
+                        centered_ps(vf_ld_part(x, o1 + full, cnt, n - o1 - full, dt), tm, tl));
+        }
+    }
+    if (r < rows) {
+        const int64_t o0 = r * w;
+        for (int64_t j = 0; j < full; j += VF_LANES) {
+            acc8 c = acc8_load(acc + j, acc + w + j);
+            vf m = vf_load(p->mhi + j), l = vf_load(p->mlo + j);
+            gstats_step(&c, vf_ld(dy, o0 + j, dt), centered_ps(vf_ld(x, o0 + j, dt), m, l));
+            acc8_store(&c, acc + j, acc + w + j);
+        }
+        if (cnt) {
+            gstats_step(&t, vf_ld_part(dy, o0 + full, cnt, n - o0 - full, dt),
+                        centered_ps(vf_ld_part(x, o0 + full, cnt, n - o0 - full, dt), tm, tl));
+        }
+    }
+    if (cnt) acc8_store_part(&t, acc + full, acc + w + full, cnt);
+}
+
+/* A run, as apply_uni_ps: q as gapply_flat_ps's, both sets the same */
+INLINE void gapply_uni_ps(const void *dy, const void *x, void *dx, int64_t n, const vf *q, int dt)
+{
+    if (n < 2 * VF_LANES) {
+        gapply_flat_ps(dy, x, dx, n, q, dt);
+        return;
+    }
+    const int64_t body = n & ~(int64_t)(2 * VF_LANES - 1);
+    vf g0 = vf_zero(), g1 = g0, v0 = g0, v1 = g0;
+    if (body < n) {
+        if (dt == CFBN_BF16) {
+            vf_ld_eo(dy, n - 2 * VF_LANES, &g0, &g1);
+            vf_ld_eo(x, n - 2 * VF_LANES, &v0, &v1);
+        } else {
+            g0 = vf_ld(dy, n - 2 * VF_LANES, dt), g1 = vf_ld(dy, n - VF_LANES, dt);
+            v0 = vf_ld(x, n - 2 * VF_LANES, dt), v1 = vf_ld(x, n - VF_LANES, dt);
+        }
+    }
+    if (dt == CFBN_BF16) {
+        for (int64_t i = 0; i < body; i += 2 * VF_LANES) {
+            vf ge, go, xe, xo;
+            vf_ld_eo(dy, i, &ge, &go);
+            vf_ld_eo(x, i, &xe, &xo);
+            vf_st_eo(dx, i, gapply_ps(ge, xe, q[0], q[1], q[2], q[3], q[4]),
+                    gapply_ps(go, xo, q[0], q[1], q[2], q[3], q[4]));
+        }
+    } else {
+        gapply_flat_ps(dy, x, dx, body, q, dt);
+    }
+    if (body < n) {
+        vf r0 = gapply_ps(g0, v0, q[0], q[1], q[2], q[3], q[4]), r1 = gapply_ps(g1, v1, q[0], q[1], q[2], q[3], q[4]);
+        if (dt == CFBN_BF16) vf_st_eo(dx, n - 2 * VF_LANES, r0, r1);
+        else vf_st2(dx, n - 2 * VF_LANES, r0, r1, dt);
+    }
+}
+
+INLINE void gapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
+{
+    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
+    vf a = vf_set1(p->a[0]), b = vf_set1(p->b[0]), c = vf_set1(p->c[0]);
+    const vf q[10] = {m, l, a, b, c, m, l, a, b, c};
+    gapply_uni_ps(dy, x, dx, n, q, dt);
+}
+
+INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                           int dt)
+{
+    if (w <= 0) return;
+    if ((2 * VF_LANES) % w == 0) {
+        vf q[10];
+        lanes_ps(p->mhi, w, &q[0], &q[5]);
+        lanes_ps(p->mlo, w, &q[1], &q[6]);
+        lanes_ps(p->a, w, &q[2], &q[7]);
+        lanes_ps(p->b, w, &q[3], &q[8]);
+        lanes_ps(p->c, w, &q[4], &q[9]);
+        gapply_flat_ps(dy, x, dx, rows * w, q, dt);
+        return;
+    }
+    if (eo_rows(dt, w)) {
+        gapply_rows_eo(dy, x, dx, rows, w, p, 0);
+        return;
+    }
+    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
+    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm, tc = tm;
+    if (cnt) {
+        vf_mask mk = vf_mask_first(cnt);
+        tm = vf_load_part(p->mhi + full, mk);
+        tl = vf_load_part(p->mlo + full, mk);
+        ta = vf_load_part(p->a + full, mk);
+        tb = vf_load_part(p->b + full, mk);
+        tc = vf_load_part(p->c + full, mk);
+    }
+    int64_t r = 0;
+    for (; r < rows; r++) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += VF_LANES) {
+            vf v = gapply_ps(vf_ld(dy, o + j, dt), vf_ld(x, o + j, dt), vf_load(p->mhi + j),
+                                 vf_load(p->mlo + j), vf_load(p->a + j), vf_load(p->b + j),
+                                 vf_load(p->c + j));
+            vf_st(dx, o + j, v, dt);
+        }
+        if (cnt) {
+            vf g = vf_ld_part(dy, o + full, cnt, n - o - full, dt);
+            vf v = vf_ld_part(x, o + full, cnt, n - o - full, dt);
+            vf_st_part(dx, o + full, gapply_ps(g, v, tm, tl, ta, tb, tc), cnt, dt);
+        }
+    }
+}
+
+/* ---- non-temporal stores (f32, f16, bf16 storage) ----
+ * For outputs far larger than the caches: a streaming store writes the line
+ * without reading it first (no read-for-ownership), a third of a pass's
+ * memory traffic.  Stores of VF_NT_MIN_ALIGN bytes (16 on AVX2: 8
+ * halfwords, or 4 floats twice), because large NumPy buffers are only
+ * 16-byte aligned; the sfence orders them before the caller's barrier.
+ * vf_st_nt, vf_stream_aligned and VF_NT_ALIGN are the ISA header's. */
+
+/* elements before p reaches VF_NT_MIN_ALIGN-byte alignment (p is
+ * element-aligned) */
+INLINE int64_t peel16(const void *p, int64_t n, int dt)
+{
+    int64_t k = (int64_t)((VF_NT_MIN_ALIGN - ((uintptr_t)p % VF_NT_MIN_ALIGN)) % VF_NT_MIN_ALIGN) / (dt ? 2 : 4);
+    return k < n ? k : n;
+}
+
+/* whether element i of p is VF_NT_ALIGN-byte aligned */
+INLINE int nt_aligned(const void *p, int64_t i, int dt)
+{
+    return (uintptr_t)elem_at(p, i, dt) % VF_NT_ALIGN == 0;
+}
+
+/* The streaming run and rows loops store a whole vector at a time where
+ * they can (float: where the output is VF_NT_ALIGN-aligned after the
+ * VF_NT_MIN_ALIGN peel; bfloat16: 4 VF_LANES elements a step, one NaN test
+ * and one prefetch a line), not VF_NT_MIN_ALIGN-byte pieces: the core then
+ * keeps up with the memory bus better.  Float outputs that stay
+ * misaligned keep the smaller stores: peeling them further (a masked store
+ * at each run's start) made the same forward 11% slower.  (AVX2, 32-byte
+ * vectors and 16-byte pieces.)  Measured through the driver, 2 threads,
+ * means of interleaved rounds: (64,64,112,112) NCHW training forward,
+ * bfloat16 10.70 -> 8.89 ms, float32 17.1 -> 15.5 ms; (64,112,112,64) NHWC
+ * bfloat16 11.6 -> 10.8 and 14.6 -> 12.5 ms in two sets.  The bfloat16 peel
+ * of VF_LANES elements aligns an output VF_NT_MIN_ALIGN bytes past
+ * VF_NT_ALIGN (all there is on AVX2); one it leaves misaligned takes the
+ * smaller stores. */
+INLINE void apply_run_nt_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
+{
+    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
+    vf a = vf_set1(p->alpha[0]), b = vf_set1(p->beta[0]);
+    int64_t i = peel16(y, n, dt);
+    if (i) vf_st_part(y, 0, apply_ps(vf_ld_part(x, 0, i, n, dt), m, l, a, b), i, dt);
+    if (!dt && nt_aligned(y, i, dt))
+        for (; i + VF_LANES <= n; i += VF_LANES)
+            vf_stream_aligned((float *)y, i, apply_ps(vf_ld(x, i, dt), m, l, a, b));
+    if (dt == CFBN_BF16 && i + VF_LANES <= n && !nt_aligned(y, i, dt)) {
+        vf_st_nt(y, i, apply_ps(vf_ld(x, i, dt), m, l, a, b), dt);
+        i += VF_LANES;
+    }
+    if (dt == CFBN_BF16 && nt_aligned(y, i, dt)) {
+        for (; i + 4 * VF_LANES <= n; i += 4 * VF_LANES) {
+            vf e0, o0, e1, o1;
+            prefetch_lines_h(x, i, 4 * VF_LANES);
+            vf_ld_eo(x, i, &e0, &o0);
+            vf_ld_eo(x, i + 2 * VF_LANES, &e1, &o1);
+            vf_st_eo2_nt(y, i, apply_ps(e0, m, l, a, b), apply_ps(o0, m, l, a, b), apply_ps(e1, m, l, a, b),
+                         apply_ps(o1, m, l, a, b));
+        }
+    }
+    for (; i + 2 * VF_LANES <= n; i += 2 * VF_LANES) {
+        vf v0 = vf_ld(x, i, dt), v1 = vf_ld(x, i + VF_LANES, dt);
+        vf_st_nt(y, i, apply_ps(v0, m, l, a, b), dt);
+        vf_st_nt(y, i + VF_LANES, apply_ps(v1, m, l, a, b), dt);
+    }
+    for (; i + VF_LANES <= n; i += VF_LANES) vf_st_nt(y, i, apply_ps(vf_ld(x, i, dt), m, l, a, b), dt);
+    if (i < n) vf_st_part(y, i, apply_ps(vf_ld_part(x, i, n - i, n - i, dt), m, l, a, b), n - i, dt);
+    stream_fence();
+}
+
+/* rows of w starting 16-byte aligned, w a multiple of 16 bytes
+ * (rows_stream_ok in bn_route.c; VF_NT_MIN_ALIGN is at most 16) */
+INLINE void apply_rows_nt_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
+{
+    if (eo_rows(dt, w)) {
+        apply_rows_eo(x, y, rows, w, p, 1);
+        stream_fence();
+        return;
+    }
+    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full;
+    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm;
+    if (cnt) {
+        vf_mask mk = vf_mask_first(cnt);
+        tm = vf_load_part(p->mhi + full, mk);
+        tl = vf_load_part(p->mlo + full, mk);
+        ta = vf_load_part(p->alpha + full, mk);
+        tb = vf_load_part(p->beta + full, mk);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += VF_LANES) {
+            vf_st_nt(y, o + j, apply_ps(vf_ld(x, o + j, dt), vf_load(p->mhi + j), vf_load(p->mlo + j),
+                                      vf_load(p->alpha + j), vf_load(p->beta + j)), dt);
+        }
+        if (cnt) vf_st_part(y, o + full, apply_ps(vf_ld_part(x, o + full, cnt, cnt, dt), tm, tl, ta, tb), cnt, dt);
+    }
+    stream_fence();
+}
+
+INLINE void gapply_run_nt_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
+{
+    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
+    vf a = vf_set1(p->a[0]), b = vf_set1(p->b[0]), c = vf_set1(p->c[0]);
+    int64_t i = peel16(dx, n, dt);
+    if (i) vf_st_part(dx, 0, gapply_ps(vf_ld_part(dy, 0, i, n, dt), vf_ld_part(x, 0, i, n, dt), m, l, a, b, c), i, dt);
+    if (!dt && nt_aligned(dx, i, dt))
+        for (; i + VF_LANES <= n; i += VF_LANES)
+            vf_stream_aligned((float *)dx, i, gapply_ps(vf_ld(dy, i, dt), vf_ld(x, i, dt), m, l, a, b, c));
+    if (dt == CFBN_BF16 && i + VF_LANES <= n && !nt_aligned(dx, i, dt)) {
+        vf_st_nt(dx, i, gapply_ps(vf_ld(dy, i, dt), vf_ld(x, i, dt), m, l, a, b, c), dt);
+        i += VF_LANES;
+    }
+    if (dt == CFBN_BF16 && nt_aligned(dx, i, dt)) {
+        for (; i + 4 * VF_LANES <= n; i += 4 * VF_LANES) {
+            vf ge0, go0, xe0, xo0, ge1, go1, xe1, xo1;
+            prefetch_lines_h(dy, i, 4 * VF_LANES);
+            prefetch_lines_h(x, i, 4 * VF_LANES);
+            vf_ld_eo(dy, i, &ge0, &go0);
+            vf_ld_eo(x, i, &xe0, &xo0);
+            vf_ld_eo(dy, i + 2 * VF_LANES, &ge1, &go1);
+            vf_ld_eo(x, i + 2 * VF_LANES, &xe1, &xo1);
+            vf_st_eo2_nt(dx, i, gapply_ps(ge0, xe0, m, l, a, b, c), gapply_ps(go0, xo0, m, l, a, b, c),
+                         gapply_ps(ge1, xe1, m, l, a, b, c), gapply_ps(go1, xo1, m, l, a, b, c));
+        }
+    }
+    for (; i + VF_LANES <= n; i += VF_LANES)
+        vf_st_nt(dx, i, gapply_ps(vf_ld(dy, i, dt), vf_ld(x, i, dt), m, l, a, b, c), dt);
+    if (i < n) {
+        int64_t k = n - i;
+        vf_st_part(dx, i, gapply_ps(vf_ld_part(dy, i, k, k, dt), vf_ld_part(x, i, k, k, dt), m, l, a, b, c), k, dt);
+    }
+    stream_fence();
+}
+
+INLINE void gapply_rows_nt_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
+                              const cfbn_grad_f32 *p, int dt)
+{
+    if (eo_rows(dt, w)) {
+        gapply_rows_eo(dy, x, dx, rows, w, p, 1);
+        stream_fence();
+        return;
+    }
+    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full;
+    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm, tc = tm;
+    if (cnt) {
+        vf_mask mk = vf_mask_first(cnt);
+        tm = vf_load_part(p->mhi + full, mk);
+        tl = vf_load_part(p->mlo + full, mk);
+        ta = vf_load_part(p->a + full, mk);
+        tb = vf_load_part(p->b + full, mk);
+        tc = vf_load_part(p->c + full, mk);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += VF_LANES) {
+            vf_st_nt(dx, o + j, gapply_ps(vf_ld(dy, o + j, dt), vf_ld(x, o + j, dt), vf_load(p->mhi + j),
+                                        vf_load(p->mlo + j), vf_load(p->a + j),
+                                        vf_load(p->b + j), vf_load(p->c + j)), dt);
+        }
+        if (cnt)
+            vf_st_part(dx, o + full, gapply_ps(vf_ld_part(dy, o + full, cnt, cnt, dt), vf_ld_part(x, o + full, cnt, cnt, dt),
+                                            tm, tl, ta, tb, tc), cnt, dt);
+    }
+    stream_fence();
+}
+
+
+/* streaming pays only with whole aligned rows */
+INLINE int rows_stream_ok(const float *out, int64_t w)
+{
+    const int64_t bytes = w * (int64_t)sizeof(float);
+    return (uintptr_t)out % VF_NT_MIN_ALIGN == 0 && bytes % VF_NT_MIN_ALIGN == 0 && bytes >= 64;
+}
