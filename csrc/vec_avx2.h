@@ -458,6 +458,13 @@ INLINE void vf_stream_aligned(float *p, int64_t i, vf v)
 
 /* ---- for the fused loops ---- */
 
+/* lanes [VF_LANES - cnt, VF_LANES) set: the last cnt lanes; cnt may be <= 0
+ * or >= VF_LANES */
+INLINE vf_mask vf_mask_last(int64_t cnt)
+{
+    return _mm256_cmpgt_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)(7 - cnt)));
+}
+
 /* ---- for the second-order loops ---- */
 
 #endif
