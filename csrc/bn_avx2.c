@@ -19,7 +19,8 @@
  * tensors take the routing layer's fallback: these plain kernels over
  * L1-sized blocks and bn_math.h's libm formulas.
  *
- * The second-order gradient's entries (gg*) exist for all four dtypes. */
+ * The second-order gradient's entries (gg*) exist for all four dtypes; their
+ * loops are bn_simd_gg.c's. */
 #include "cfbn.h"
 #include "bn_runs.h"
 

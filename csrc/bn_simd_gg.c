@@ -319,9 +319,24 @@ INLINE void ggstats_cols_ps(const void *dy, const void *x, const void *ggx, int6
     if (cnt > VD_LANES) acc5_add_cols(&hi, acc + j + VD_LANES, w, cnt - VD_LANES);
 }
 
+/* A channel of one element has d = 0, and its exact sums give
+ * scale_backprop = r (sum q g - sum q sum g) = 0 (bn_math.h's
+ * cfbn_grad_grad_params).  The scalar table's sums, products of floats
+ * formed in double, are exact and cancel to 0; a float block would round
+ * q g to float and leave about 1e-7 of it (float32: the products of
+ * float16 and bfloat16 values are exact in float).  So a run of one
+ * element, and a rows call of one row (one element of each column; it
+ * takes the rows loop, a vector at a time), form their products in double
+ * by gg_step_ps. */
 INLINE void ggstats_run_ps(const void *dy, const void *x, const void *ggx, int64_t n, const cfbn_gg_f32 *p,
                            double *acc, int dt)
 {
+    if (n == 1) {
+        acc5 lo = acc5_zero(), hi = acc5_zero();
+        gg_step_ps(dy, x, ggx, 0, 1, 1, 1, vf_set1(p->mhi[0]), vf_set1(p->mlo[0]), dt, &lo, &hi);
+        acc5_total(acc5_add(lo, hi), acc);
+        return;
+    }
     acc5 lo, hi;
     ggstats_flat_ps(dy, x, ggx, n, vf_set1(p->mhi[0]), vf_set1(p->mlo[0]), dt, &lo, &hi);
     acc5_total(acc5_add(lo, hi), acc);
@@ -332,7 +347,8 @@ INLINE void ggstats_rows_ps(const void *dy, const void *x, const void *ggx, int6
                             const cfbn_gg_f32 *p, double *acc, int dt)
 {
     if (w <= 0) return;
-    if (VF_LANES % w == 0) {
+    /* one row: the rows loop, exact for a channel of one element (above) */
+    if (VF_LANES % w == 0 && rows > 1) {
         vf m, l, odd;
         double lanes[5 * VF_LANES];
         lanes_ps(p->mhi, w, &m, &odd);

@@ -85,6 +85,22 @@ def test_matches_reference(isa, data_format, dtype, is_training, shape_case, giv
         assert res.x_backprop.size == 0 and np.all(res.scale_backprop == 0)
 
 
+# One element per channel in training: d = x - mean = 0, so scale_backprop,
+# r (sum q g - sum q sum g / n - ...), and dx vanish identically.  The
+# kernels' sums must cancel exactly, as the scalar table's do: a product
+# q g rounded to float would leave about 1e-7.  The channel counts take the
+# rows kernels' flat streams (widths dividing the vector), their row loops
+# and, channels-first, the run kernels.
+@pytest.mark.parametrize("channels", [1, 2, 4, 8, 13])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("data_format", LAYOUTS)
+def test_one_element_per_channel_is_exact(isa, data_format, dtype, channels):
+    args = make_case(data_format, dtype, (1, 1, channels), True)
+    res = call(args, data_format, True)
+    assert np.all(res.scale_backprop == 0), res.scale_backprop
+    assert np.all(res.x_backprop == 0)
+
+
 # Large mean relative to spread in x, dy and ggx: the sums and the outputs
 # must not lose the small deviations to cancellation.
 @pytest.mark.parametrize("is_training", [True, False], ids=["train", "infer"])
