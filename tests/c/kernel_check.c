@@ -30,8 +30,9 @@
  *     also in place and with the streaming hint on outputs aligned alike and
  *     apart.
  *
- * Build with CFBN_HAVE_AVX2 and/or CFBN_HAVE_NEON and the matching ISA file;
- * with neither it only checks the scalar table against itself. */
+ * Build with CFBN_HAVE_AVX2 and/or CFBN_HAVE_NEON and the matching ISA file
+ * (or CFBN_HAVE_LANES and lanes_table.c); with none it only checks the
+ * scalar table against itself. */
 #define _DEFAULT_SOURCE   /* mmap flags and sysconf under -std=c11 */
 #include <float.h>
 #include <math.h>
@@ -46,6 +47,11 @@
 #include "bn_route.h"
 #include "cfbn.h"
 #include "storage.h"
+
+#if defined(CFBN_HAVE_LANES)
+/* tests/c/lanes_table.c: the shared loops over a portable header */
+extern const cfbn_kernels cfbn_kernels_lanes;
+#endif
 
 enum { K_STATS, K_APPLY, K_GSTATS, K_GAPPLY };
 static const char *kname[] = {"stats", "apply", "gstats", "gapply"};
@@ -1408,6 +1414,10 @@ int main(void)
 #endif
 #if defined(CFBN_HAVE_NEON)
     check_all(&cfbn_kernels_neon);
+    tested++;
+#endif
+#if defined(CFBN_HAVE_LANES)
+    check_all(&cfbn_kernels_lanes);
     tested++;
 #endif
     if (!tested) {

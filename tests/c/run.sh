@@ -3,6 +3,8 @@
 #   - on the host (x86_64: bn_avx2.c; aarch64: bn_neon.c);
 #   - tests/c/simd_lanes_check.c: the shared loops of bn_simd.c at several
 #     lane counts, against the scalar table;
+#   - tests/c/lanes_table.c: the shared float and float64 loops as a table
+#     at several lane counts, through kernel_check;
 #   - on x86_64 hosts, also cross-built for aarch64 and run under qemu-user
 #     when aarch64-linux-gnu-gcc and qemu-aarch64 are installed
 #     (apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user).
@@ -47,6 +49,17 @@ for lanes in 2 4 8 16; do
     $CC $CFLAGS -DLANES=$lanes "$ROOT/tests/c/simd_lanes_check.c" "$ROOT/csrc/bn_scalar.c" "$ROOT/csrc/bn_route.c" \
         -lm -o "$BUILD_DIR/simd_lanes_check_$lanes"
     "$BUILD_DIR/simd_lanes_check_$lanes"
+done
+
+# The shared float and float64 loops (bn_simd.c, bn_simd_float.c) as a whole
+# table over a portable header (tests/c/lanes_table.c), through kernel_check
+# like an ISA's table, at 4, 8 and 16 floats a vector (2, 4 and 8 doubles).
+$CC $CFLAGS -DCFBN_HAVE_LANES -c "$ROOT/tests/c/kernel_check.c" -o "$BUILD_DIR/kernel_check_lanes.o"
+for lanes in 2 4 8; do
+    $CC $CFLAGS -DLANES=$lanes -c "$ROOT/tests/c/lanes_table.c" -o "$BUILD_DIR/lanes_table_$lanes.o"
+    $CC $CFLAGS "$BUILD_DIR/kernel_check_lanes.o" "$BUILD_DIR/lanes_table_$lanes.o" "$ROOT/csrc/bn_scalar.c" \
+        "$ROOT/csrc/bn_route.c" -lm -o "$BUILD_DIR/kernel_check_lanes_$lanes"
+    KERNEL_CHECK_SHORT=1 "$BUILD_DIR/kernel_check_lanes_$lanes"
 done
 
 if [ "$host" != aarch64 ] && [ "$host" != arm64 ]; then
