@@ -5,6 +5,10 @@
 #     lane counts, against the scalar table;
 #   - tests/c/lanes_table.c: the shared float and float64 loops as a table
 #     at several lane counts, through kernel_check;
+#   - tests/c/vec_check.c: each ISA's primitives (csrc/vec_<isa>.h) against
+#     tests/c/vec_portable.h, bit for bit: AVX2 natively, AVX-512 through
+#     SIMDe's emulation (apt-get install libsimde-dev) and natively where
+#     the CPU has it, NEON natively or under qemu-user;
 #   - on x86_64 hosts, also cross-built for aarch64 and run under qemu-user
 #     when aarch64-linux-gnu-gcc and qemu-aarch64 are installed
 #     (apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user).
@@ -61,12 +65,56 @@ for lanes in 2 4 8; do
         "$ROOT/csrc/bn_route.c" -lm -o "$BUILD_DIR/kernel_check_lanes_$lanes"
     KERNEL_CHECK_SHORT=1 "$BUILD_DIR/kernel_check_lanes_$lanes"
 done
+# vec_check NAME CC ISA_FLAGS LANES [RUNNER...]: tests/c/vec_check.c built
+# twice and linked, the ISA's side with ISA_FLAGS and the portable side at
+# LANES doubles a vector, then run through RUNNER (env: as it is; no
+# RUNNER: built only).  Each operation rounds once on both sides
+# (-ffp-contract=off); SIMDe's 64-byte vectors draw GCC's note on their
+# argument passing (-Wno-psabi).
+VEC_FLAGS="$CFLAGS -ffp-contract=off -Wno-psabi -I$ROOT/tests/c"
+vec_check() {
+    name=$1 vcc=$2 isa=$3 lanes=$4
+    shift 4
+    $vcc $VEC_FLAGS -DVEC_REF -DLANES="$lanes" -c "$ROOT/tests/c/vec_check.c" -o "$BUILD_DIR/vec_ref_$name.o"
+    $vcc $VEC_FLAGS $isa -c "$ROOT/tests/c/vec_check.c" -o "$BUILD_DIR/vec_isa_$name.o"
+    $vcc "$BUILD_DIR/vec_ref_$name.o" "$BUILD_DIR/vec_isa_$name.o" -lm -o "$BUILD_DIR/vec_check_$name"
+    [ "$#" -eq 0 ] || "$@" "$BUILD_DIR/vec_check_$name"
+}
+
+case "$host" in
+x86_64|amd64)
+    vec_check avx2 "$CC" "-DVEC_AVX2 -mavx2 -mfma -mf16c" 4 env
+    # SIMDe emulates the AVX-512 intrinsics on AVX2 (its own flags: the
+    # 256-bit halves and F16C native, as on every AVX-512 CPU)
+    if echo '#include <simde/x86/avx512.h>' | $CC -E - >/dev/null 2>&1; then
+        vec_check avx512_simde "$CC" "-DVEC_AVX512 -DCFBN_VEC_SIMDE -mavx2 -mfma -mf16c" 8 env
+    else
+        echo "vec_check avx512 (SIMDe): skipped (libsimde-dev not installed)"
+    fi
+    # the real intrinsics: always built, run where the CPU has them
+    vec_check avx512 "$CC" "-DVEC_AVX512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c" 8
+    flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+    has_avx512=1
+    for f in avx512f avx512bw avx512vl avx512dq fma f16c; do
+        case " $flags " in *" $f "*) ;; *) has_avx512=0 ;; esac
+    done
+    if [ "$has_avx512" = 1 ]; then
+        "$BUILD_DIR/vec_check_avx512"
+    else
+        echo "vec_check avx512: built, not run (this CPU has no AVX-512)"
+    fi
+    ;;
+aarch64|arm64)
+    vec_check neon "$CC" "-DVEC_NEON" 2 env
+    ;;
+esac
 
 if [ "$host" != aarch64 ] && [ "$host" != arm64 ]; then
     if command -v "$CROSS_CC" >/dev/null 2>&1 && command -v "$QEMU" >/dev/null 2>&1; then
         $CROSS_CC $CFLAGS -march=armv8-a -DCFBN_HAVE_NEON $SRC "$ROOT/csrc/bn_neon.c" -lm \
             -o "$BUILD_DIR/kernel_check_neon"
         "$QEMU" -L /usr/aarch64-linux-gnu "$BUILD_DIR/kernel_check_neon"
+        vec_check neon "$CROSS_CC" "-march=armv8-a -DVEC_NEON" 2 "$QEMU" -L /usr/aarch64-linux-gnu
     else
         echo "kernel_check neon: skipped ($CROSS_CC or $QEMU not installed)"
     fi

@@ -1,9 +1,8 @@
 /* The loops of csrc/bn_simd.c, which every ISA compiles over its own
- * primitives, at lane counts the build machine's CPU may not have: a
- * portable header of the same primitive names (an array of LANES doubles, a
- * mask an array of flags) stands in for vec_<isa>.h, and each entry is
- * compared with the scalar table on random data, for lengths and widths
- * that leave every tail, with guard elements after each output that must
+ * primitives, at lane counts the build machine's CPU may not have:
+ * vec_portable.h (the primitives in portable C, -DLANES doubles a vector)
+ * stands in for vec_<isa>.h, and each entry is compared with the scalar
+ * table on random data, for lengths and widths that leave every tail, with guard elements after each output that must
  * stay untouched.  run.sh builds it with LANES = 2, 4, 8 and 16 (NEON,
  * AVX2, AVX-512 and wider float64 vectors).
  *
@@ -18,34 +17,7 @@
 #include <string.h>
 
 #include "cfbn.h"
-
-#ifndef LANES
-#error "build with -DLANES=<doubles per vector>"
-#endif
-
-#define INLINE static inline __attribute__((always_inline))
-
-typedef struct { double v[LANES]; } vd;
-typedef struct { int on[LANES]; } vd_mask;
-#define VD_LANES LANES
-
-INLINE vd vd_zero(void) { vd r; for (int l = 0; l < LANES; l++) r.v[l] = 0.0; return r; }
-INLINE vd vd_set1(double x) { vd r; for (int l = 0; l < LANES; l++) r.v[l] = x; return r; }
-INLINE vd vd_load(const double *p) { vd r; memcpy(r.v, p, sizeof r.v); return r; }
-INLINE void vd_store(double *p, vd v) { memcpy(p, v.v, sizeof v.v); }
-INLINE vd_mask vd_mask_first(int64_t cnt) { vd_mask m; for (int l = 0; l < LANES; l++) m.on[l] = l < cnt; return m; }
-INLINE vd vd_load_part(const double *p, vd_mask m)
-{
-    vd r;
-    for (int l = 0; l < LANES; l++) r.v[l] = m.on[l] ? p[l] : 0.0;
-    return r;
-}
-INLINE void vd_store_part(double *p, vd_mask m, vd v) { for (int l = 0; l < LANES; l++) if (m.on[l]) p[l] = v.v[l]; }
-INLINE vd vd_keep(vd v, vd_mask m) { for (int l = 0; l < LANES; l++) if (!m.on[l]) v.v[l] = 0.0; return v; }
-INLINE vd vd_add(vd a, vd b) { for (int l = 0; l < LANES; l++) a.v[l] += b.v[l]; return a; }
-INLINE vd vd_sub(vd a, vd b) { for (int l = 0; l < LANES; l++) a.v[l] -= b.v[l]; return a; }
-INLINE vd vd_fma(vd a, vd b, vd c) { for (int l = 0; l < LANES; l++) a.v[l] = fma(a.v[l], b.v[l], c.v[l]); return a; }
-INLINE double vd_hsum(vd v) { double s = 0.0; for (int l = 0; l < LANES; l++) s += v.v[l]; return s; }
+#include "vec_portable.h"
 
 #include "bn_simd.c"
 
