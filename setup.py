@@ -59,7 +59,9 @@ def isa_sources():
     """(source, extra flags, macro) for each ISA file of the target."""
     arch = target_arch()
     if arch == "x86_64":
-        return [("csrc/bn_avx2.c", ["-mavx2", "-mfma", "-mf16c"], "CFBN_HAVE_AVX2")]
+        return [("csrc/bn_avx2.c", ["-mavx2", "-mfma", "-mf16c"], "CFBN_HAVE_AVX2"),
+                ("csrc/bn_avx512.c", ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"],
+                 "CFBN_HAVE_AVX512")]
     if arch == "aarch64":
         # Advanced SIMD is part of the AArch64 baseline: no extra flags.
         return [("csrc/bn_neon.c", [], "CFBN_HAVE_NEON")]

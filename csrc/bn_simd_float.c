@@ -1,8 +1,7 @@
 /* The float-compute plain and streaming loops (float32, float16 and
  * bfloat16 storage, computed in float), written once for every ISA over the
  * primitives of the ISA's header (vf, VF_LANES, vf_ld, vf_st_nt, ...), as
- * bn_simd.c's float64 loops are: an ISA file includes its header, then
- * bn_simd.c, then this file.  Nothing here names an instruction set; the
+ * bn_simd_f64.c's float64 loops are; part of bn_simd.c, which includes it.  Nothing here names an instruction set; the
  * loop names exist once and are static in each ISA's translation unit.
  * For AVX2 these are the same operations in the same order as the loops
  * they replace, so the outputs keep their bits.
@@ -14,7 +13,7 @@
  * shared helpers (acc8, stats_step, centered_ps, tree8, needs_double, ...)
  * are the fused and second-order loops' too. */
 #ifndef VF_LANES
-#error "bn_simd_float.c is included after an ISA's vec_<isa>.h"
+#error "bn_simd_float.c is included by bn_simd.c, after an ISA's vec_<isa>.h"
 #endif
 
 /* Double sums for VF_LANES float lanes (two vd: lanes [0, VD_LANES) in lo,

@@ -30,7 +30,7 @@
  *     also in place and with the streaming hint on outputs aligned alike and
  *     apart.
  *
- * Build with CFBN_HAVE_AVX2 and/or CFBN_HAVE_NEON and the matching ISA file
+ * Build with CFBN_HAVE_AVX2, CFBN_HAVE_AVX512 and/or CFBN_HAVE_NEON and the matching ISA file
  * (or CFBN_HAVE_LANES and lanes_table.c); with none it only checks the
  * scalar table against itself. */
 #define _DEFAULT_SOURCE   /* mmap flags and sysconf under -std=c11 */
@@ -1414,6 +1414,12 @@ int main(void)
 #endif
 #if defined(CFBN_HAVE_NEON)
     check_all(&cfbn_kernels_neon);
+    tested++;
+#endif
+#if defined(CFBN_HAVE_AVX512)
+    /* bn_avx512.c with the real intrinsics (run.sh runs it only where the
+     * CPU has AVX-512) or through SIMDe's emulation of them */
+    check_all(&cfbn_kernels_avx512);
     tested++;
 #endif
 #if defined(CFBN_HAVE_LANES)

@@ -1,14 +1,13 @@
 #!/bin/sh
 # Builds tests/c/kernel_check.c against the ISA kernel files and runs it:
-#   - on the host (x86_64: bn_avx2.c; aarch64: bn_neon.c);
-#   - tests/c/simd_lanes_check.c: the shared loops of bn_simd.c at several
-#     lane counts, against the scalar table;
-#   - tests/c/lanes_table.c: the shared float and float64 loops as a table
-#     at several lane counts, through kernel_check;
+#   - on the host (x86_64: bn_avx2.c, and bn_avx512.c natively where the CPU
+#     has AVX-512 and through SIMDe's emulation of its intrinsics
+#     (apt-get install libsimde-dev) everywhere; aarch64: bn_neon.c);
+#   - tests/c/lanes_table.c: the shared loops (bn_simd.c) as a table over the
+#     portable primitives at 4, 8 and 16 floats a vector, through kernel_check;
 #   - tests/c/vec_check.c: each ISA's primitives (csrc/vec_<isa>.h) against
 #     tests/c/vec_portable.h, bit for bit: AVX2 natively, AVX-512 through
-#     SIMDe's emulation (apt-get install libsimde-dev) and natively where
-#     the CPU has it, NEON natively or under qemu-user;
+#     SIMDe and natively where the CPU has it, NEON natively or under qemu;
 #   - on x86_64 hosts, also cross-built for aarch64 and run under qemu-user
 #     when aarch64-linux-gnu-gcc and qemu-aarch64 are installed
 #     (apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user).
@@ -29,6 +28,15 @@ mkdir -p "$BUILD_DIR"
 CFLAGS="-O2 -Wall -Wextra -Werror -I$ROOT/csrc"
 SRC="$ROOT/tests/c/kernel_check.c $ROOT/csrc/bn_scalar.c $ROOT/csrc/bn_route.c"
 
+AVX512_FLAGS="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c"
+# whether this CPU runs what bn_avx512.c is compiled for
+has_avx512() {
+    flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+    for f in avx512f avx512bw avx512vl avx512dq fma f16c; do
+        case " $flags " in *" $f "*) ;; *) return 1 ;; esac
+    done
+}
+
 host=$(uname -m)
 case "$host" in
 x86_64|amd64)
@@ -36,6 +44,24 @@ x86_64|amd64)
     $CC $CFLAGS -mavx2 -mfma -mf16c -DCFBN_HAVE_AVX2 -c "$ROOT/csrc/bn_avx2.c" -o "$BUILD_DIR/bn_avx2.o"
     $CC $CFLAGS -DCFBN_HAVE_AVX2 $SRC "$BUILD_DIR/bn_avx2.o" -lm -o "$BUILD_DIR/kernel_check_avx2"
     "$BUILD_DIR/kernel_check_avx2"
+    # AVX-512: the real intrinsics, always built and run where the CPU has
+    # them; and through SIMDe, which emulates them on AVX2 (SIMDe's 64-byte
+    # vectors draw GCC's note on their argument passing: -Wno-psabi)
+    $CC $CFLAGS $AVX512_FLAGS -DCFBN_HAVE_AVX512 -c "$ROOT/csrc/bn_avx512.c" -o "$BUILD_DIR/bn_avx512.o"
+    $CC $CFLAGS -DCFBN_HAVE_AVX512 $SRC "$BUILD_DIR/bn_avx512.o" -lm -o "$BUILD_DIR/kernel_check_avx512"
+    if has_avx512; then
+        "$BUILD_DIR/kernel_check_avx512"
+    else
+        echo "kernel_check avx512: built, not run (this CPU has no AVX-512)"
+    fi
+    if echo '#include <simde/x86/avx512.h>' | $CC -E - >/dev/null 2>&1; then
+        $CC $CFLAGS -Wno-psabi -mavx2 -mfma -mf16c -DCFBN_VEC_SIMDE -DCFBN_HAVE_AVX512 -c "$ROOT/csrc/bn_avx512.c" \
+            -o "$BUILD_DIR/bn_avx512_simde.o"
+        $CC $CFLAGS -DCFBN_HAVE_AVX512 $SRC "$BUILD_DIR/bn_avx512_simde.o" -lm -o "$BUILD_DIR/kernel_check_avx512_simde"
+        KERNEL_CHECK_SHORT=1 "$BUILD_DIR/kernel_check_avx512_simde"
+    else
+        echo "kernel_check avx512 (SIMDe): skipped (libsimde-dev not installed)"
+    fi
     ;;
 aarch64|arm64)
     $CC $CFLAGS -DCFBN_HAVE_NEON $SRC "$ROOT/csrc/bn_neon.c" -lm -o "$BUILD_DIR/kernel_check_neon"
@@ -47,17 +73,9 @@ aarch64|arm64)
     ;;
 esac
 
-# The loops of bn_simd.c over a portable stand-in for an ISA header, at
-# lane counts this CPU may lack (2: NEON, 4: AVX2, 8: AVX-512 doubles).
-for lanes in 2 4 8 16; do
-    $CC $CFLAGS -DLANES=$lanes "$ROOT/tests/c/simd_lanes_check.c" "$ROOT/csrc/bn_scalar.c" "$ROOT/csrc/bn_route.c" \
-        -lm -o "$BUILD_DIR/simd_lanes_check_$lanes"
-    "$BUILD_DIR/simd_lanes_check_$lanes"
-done
-
-# The shared float and float64 loops (bn_simd.c, bn_simd_float.c) as a whole
-# table over a portable header (tests/c/lanes_table.c), through kernel_check
-# like an ISA's table, at 4, 8 and 16 floats a vector (2, 4 and 8 doubles).
+# The shared loops (bn_simd.c) as a whole table over the portable primitives
+# (tests/c/lanes_table.c), through kernel_check like an ISA's table, at 4, 8
+# and 16 floats a vector (2, 4 and 8 doubles).
 $CC $CFLAGS -DCFBN_HAVE_LANES -c "$ROOT/tests/c/kernel_check.c" -o "$BUILD_DIR/kernel_check_lanes.o"
 for lanes in 2 4 8; do
     $CC $CFLAGS -DLANES=$lanes -c "$ROOT/tests/c/lanes_table.c" -o "$BUILD_DIR/lanes_table_$lanes.o"
@@ -92,13 +110,8 @@ x86_64|amd64)
         echo "vec_check avx512 (SIMDe): skipped (libsimde-dev not installed)"
     fi
     # the real intrinsics: always built, run where the CPU has them
-    vec_check avx512 "$CC" "-DVEC_AVX512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c" 8
-    flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
-    has_avx512=1
-    for f in avx512f avx512bw avx512vl avx512dq fma f16c; do
-        case " $flags " in *" $f "*) ;; *) has_avx512=0 ;; esac
-    done
-    if [ "$has_avx512" = 1 ]; then
+    vec_check avx512 "$CC" "-DVEC_AVX512 $AVX512_FLAGS" 8
+    if has_avx512; then
         "$BUILD_DIR/vec_check_avx512"
     else
         echo "vec_check avx512: built, not run (this CPU has no AVX-512)"

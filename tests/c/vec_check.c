@@ -33,43 +33,6 @@
 #else
 #if defined(VEC_AVX2)
 #include "vec_avx2.h"
-#ifndef VF_NT_ALIGN
-/* A vec_avx2.h without the primitives of the plain, streaming and fused
- * loops' sections (VF_NT_ALIGN among them): bn_avx2.c's definitions, so
- * that the check covers the whole vocabulary.  To go once the header has
- * them. */
-#define VF_NT_MIN_ALIGN 16
-#define VF_NT_ALIGN 32
-INLINE vh vh_zero(void) { return _mm256_setzero_si256(); }
-INLINE void vh_st(void *p, int64_t i, vh h) { _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), h); }
-INLINE vd vd_abs(vd v) { return vd_and(v, _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffll))); }
-INLINE vd vd_mask_bits(vd_mask m) { return _mm256_castsi256_pd(m); }
-INLINE vd_mask vd_bits_mask(vd v) { return _mm256_castpd_si256(v); }
-INLINE float ld1(const void *p, int64_t i, int dt)
-{
-    if (dt == CFBN_BF16) return cfbn_bf16_to_float(((const uint16_t *)p)[i]);
-    return dt ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-INLINE void prefetch_l1(const char *p) { _mm_prefetch(p, _MM_HINT_T0); }
-INLINE void prefetch_l2(const char *p) { _mm_prefetch(p, _MM_HINT_T1); }
-INLINE void vf_st_nt(void *p, int64_t i, vf v, int dt)
-{
-    if (dt) {
-        _mm_stream_si128((__m128i *)((uint16_t *)p + i), narrow_ph(v, dt));
-        return;
-    }
-    float *q = (float *)p + i;
-    _mm_stream_ps(q, _mm256_castps256_ps128(v));
-    _mm_stream_ps(q + 4, _mm256_extractf128_ps(v, 1));
-}
-INLINE void vf_stream_aligned(float *p, int64_t i, vf v) { _mm256_stream_ps(p + i, v); }
-INLINE vf_mask vf_mask_last(int64_t cnt)
-{
-    return _mm256_cmpgt_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)(7 - cnt)));
-}
-/* the bfloat16 rows' parameter layout, which such a header still holds */
-static void (*const avx2_eo_params)(const float *const *, int, int64_t, float *) __attribute__((unused)) = eo_params;
-#endif
 #elif defined(VEC_AVX512)
 #include "vec_avx512.h"
 #elif defined(VEC_NEON)
