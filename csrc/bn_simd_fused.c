@@ -21,10 +21,19 @@
  * exact), e^r by a degree-6 polynomial on |r| <= ln 2 / 2, 2^k put into the
  * exponent bits.  About 1 ulp on the clamped range; the clamp keeps 2^k a
  * normal number (k in [-126, 127]); outside it the activations below are
- * flat to float precision anyway.  min/max take the NaN operand second so a
- * NaN stays NaN. */
+ * flat to float precision anyway, and the result is +inf above the clamp
+ * and 0 below it rather than the clamp's e^88 or e^-87.34: the activations
+ * and derivatives whose true values then lie below float's normal range
+ * (sigmoid and silu at v < -88, elu' at v < -87.3) are exactly 0, as the
+ * reference rounds them in every storage type, where the clamp's value
+ * would give a float that is not theirs (1 / (1 + e^88) = 6e-39, which
+ * bfloat16 keeps).  Only between those points and about -104, where the
+ * true value is a float32 or bfloat16 subnormal, do the kernels give 0 for
+ * it (docs/numerics.md).  min/max take the NaN operand second so a NaN
+ * stays NaN (and is neither above nor below the clamp). */
 INLINE vf exp_ps(vf x)
 {
+    const vf_mask over = vf_gt(x, vf_set1(88.0f)), under = vf_lt(x, vf_set1(-87.33654f));
     x = vf_max(vf_set1(-87.33654f), vf_min(vf_set1(88.0f), x));
     vf k = vf_round(vf_mul(x, vf_set1(1.44269504088896341f)));
     vf r = vf_fnma(k, vf_set1(0.693359375f), x);
@@ -36,7 +45,7 @@ INLINE vf exp_ps(vf x)
     p = vf_fma(p, r, vf_set1(1.6666665459e-1f));
     p = vf_fma(p, r, vf_set1(5.0000001201e-1f));
     p = vf_fma(p, vf_mul(r, r), vf_add(r, vf_set1(1.0f)));
-    return vf_mul(p, vf_exp2i(k));
+    return vf_blend(vf_blend(vf_mul(p, vf_exp2i(k)), vf_zero(), under), vf_set1(INFINITY), over);
 }
 
 INLINE vf sigmoid_ps(vf v)

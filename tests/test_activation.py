@@ -169,6 +169,31 @@ def test_derivative_at_kinks(isa, act):
     np.testing.assert_array_equal(reference.activation_grad([0.0, 6.0], act)[:1], want[:1])
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("act", ["sigmoid", "silu", "tanh", "elu"])
+def test_far_tails_round_as_the_reference(isa, act, dtype):
+    """Pre-activations of |v| from 89 to 1e4, enough of them for every lane
+    count: where the exact activation or derivative is below float's
+    normal range (sigmoid and silu far left, elu' far left) the kernels give
+    exactly the reference rounded to the storage type, a zero (a float such
+    as 1 / (1 + e^88) = 6e-39, which bfloat16 keeps, would be a value the
+    reference does not have); elsewhere exactly +-1, -alpha or v."""
+    v = np.array([-1e4, -1000.0, -200.0, -110.0, 89.0, 110.0, 200.0, 1e4] * 5)
+    x = v.astype(dtype)[None, :]
+    n = x.shape[1]
+    vdt = vector_dtype(dtype)
+    ones, zeros = np.ones(n, vdt), np.zeros(n, vdt)
+    # inference with mean 0, variance 1, epsilon 0, scale 1, offset 0: pre = x exactly
+    y = cfbn.fused_batch_norm(x, ones, zeros, zeros, ones, epsilon=0.0, data_format="NC",
+                              is_training=False, activation=act).y
+    want = reference.activation(x.astype(np.float64), act).astype(dtype)
+    np.testing.assert_array_equal(y.astype(np.float64), want.astype(np.float64))
+    g = cfbn.fused_batch_norm_grad(np.ones_like(x), x, ones, zeros, ones, epsilon=0.0, data_format="NC",
+                                   is_training=False, offset=zeros, activation=act).x_backprop
+    gwant = reference.activation_grad(x.astype(np.float64), act).astype(dtype)
+    np.testing.assert_array_equal(g.astype(np.float64), gwant.astype(np.float64))
+
+
 @pytest.mark.parametrize("act", ACTIVATIONS[1:], ids=_ids)
 def test_nan_propagates(isa, act):
     rng = np.random.default_rng(3)
