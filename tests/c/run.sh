@@ -4,8 +4,9 @@
 #     has AVX-512, and with CFBN_CHECK_AVX512_SIMDE=1 through SIMDe's
 #     emulation of its intrinsics (apt-get install libsimde-dev), slow to
 #     compile; aarch64: bn_neon.c);
-#   - tests/c/lanes_table.c: the shared loops (bn_simd.c) as a table over the
-#     portable primitives at 4, 8 and 16 floats a vector, through kernel_check;
+#   - tests/c/lanes_table.c: the shared plain and streaming loops as a table
+#     over portable primitives at 4, 8 and 16 floats a vector, through
+#     kernel_check;
 #   - tests/c/vec_check.c: each ISA's primitives (csrc/vec_<isa>.h) against
 #     tests/c/vec_portable.h, bit for bit: AVX2 natively, AVX-512 through
 #     SIMDe and natively where the CPU has it, NEON natively or under qemu;
@@ -56,10 +57,10 @@ x86_64|amd64)
         echo "kernel_check avx512: built, not run (this CPU has no AVX-512)"
     fi
     # The whole AVX-512 table through SIMDe takes GCC a quarter of an hour
-    # and 6 GB: only with CFBN_CHECK_AVX512_SIMDE=1.  Without it, what it
-    # would show is shown in two parts below: vec_check compares every
-    # AVX-512 primitive with its portable meaning through SIMDe, and the
-    # lanes table runs every loop over those meanings at AVX-512's lane counts.
+    # and 6 GB: only with CFBN_CHECK_AVX512_SIMDE=1.  Without it, vec_check
+    # below compares every AVX-512 primitive with its portable meaning
+    # through SIMDe, and the lanes table runs the plain loops at AVX-512's
+    # lane counts.
     if [ "${CFBN_CHECK_AVX512_SIMDE:-0}" = 1 ]; then
         $CC $CFLAGS -Wno-psabi -mavx2 -mfma -mf16c -DCFBN_VEC_SIMDE -DCFBN_HAVE_AVX512 -c "$ROOT/csrc/bn_avx512.c" \
             -o "$BUILD_DIR/bn_avx512_simde.o"
@@ -77,7 +78,7 @@ aarch64|arm64)
     ;;
 esac
 
-# The shared loops (bn_simd.c) as a whole table over the portable primitives
+# The shared plain and streaming loops as a table over portable primitives
 # (tests/c/lanes_table.c), through kernel_check like an ISA's table, at 4, 8
 # and 16 floats a vector (2, 4 and 8 doubles).
 $CC $CFLAGS -DCFBN_HAVE_LANES -c "$ROOT/tests/c/kernel_check.c" -o "$BUILD_DIR/kernel_check_lanes.o"
