@@ -1,10 +1,11 @@
 /* The float-compute plain and streaming loops (float32, float16 and
  * bfloat16 storage, computed in float), written once for every ISA over the
  * primitives of the ISA's header (vf, VF_LANES, vf_ld, vf_st_nt, ...), as
- * bn_simd_f64.c's float64 loops are; part of bn_simd.c, which includes it.  Nothing here names an instruction set; the
- * loop names exist once and are static in each ISA's translation unit.
- * For AVX2 these are the same operations in the same order as the loops
- * they replace, so the outputs keep their bits.
+ * bn_simd_f64.c's float64 loops are; part of bn_simd.c, which includes it.
+ * Nothing here names an instruction set; the loop names exist once and are
+ * static in each ISA's translation unit.  For AVX2 these are the same
+ * operations in the same order as the loops they replaced, so the outputs
+ * kept their bits.
  *
  * Rows kernels whose width divides the vector period (2 VF_LANES floats)
  * run as one flat stream with per-lane parameters, because then every lane
