@@ -14,8 +14,7 @@
  * operation returns is not part of the meaning (x86's FMA forms differ).
  *
  * tests/c/vec_check.c compares each ISA's header with this one;
- * tests/c/lanes_table.c has its own copy of the plain part, over which it
- * builds the shared plain loops at several lane counts. */
+ * tests/c/lanes_table.c builds the shared plain loops over it. */
 #ifndef CFBN_VEC_PORTABLE_H
 #define CFBN_VEC_PORTABLE_H
 
@@ -32,6 +31,23 @@
 
 #define INLINE static inline __attribute__((always_inline))
 #define COLD static __attribute__((noinline, cold))
+
+/* With PORTABLE_CHECK_ALIGN (tests/c/lanes_table.c), a streaming store to an
+ * address less aligned than its primitive requires aborts: the loops must
+ * meet every ISA's rule, also where these stores would not fault. */
+#ifdef PORTABLE_CHECK_ALIGN
+#include <stdio.h>
+#include <stdlib.h>
+static void need_align(const void *p, unsigned a, const char *what)
+{
+    if ((uintptr_t)p % a) {
+        fprintf(stderr, "lanes %d: %s at %p, not %u-byte aligned\n", LANES, what, p, a);
+        abort();
+    }
+}
+#else
+#define need_align(p, a, what) ((void)(p), (void)(a), (void)(what))
+#endif
 
 #define VD_LANES LANES
 #define VF_LANES (2 * LANES)
@@ -108,7 +124,16 @@ INLINE double vd_hsum(vd v)
     return v.v[0];
 }
 /* each lane rounded to float (to nearest even) and back */
-INLINE vd vd_to_float_and_back(vd v) { for (int l = 0; l < VD_LANES; l++) v.v[l] = port_widen((float)v.v[l]); return v; }
+/* through a volatile float: GCC 12's SLP vectorizer takes the pair of
+ * conversions for a no-op at -O2 */
+INLINE vd vd_to_float_and_back(vd v)
+{
+    for (int l = 0; l < VD_LANES; l++) {
+        volatile float f = (float)v.v[l];
+        v.v[l] = port_widen(f);
+    }
+    return v;
+}
 /* not (a >= b): true where a < b or either is NaN; a > b, false on NaN */
 INLINE vd_mask vd_nge(vd a, vd b) { vd_mask m; for (int l = 0; l < VD_LANES; l++) m.on[l] = !(a.v[l] >= b.v[l]); return m; }
 INLINE vd_mask vd_gt(vd a, vd b) { vd_mask m; for (int l = 0; l < VD_LANES; l++) m.on[l] = a.v[l] > b.v[l]; return m; }
@@ -301,15 +326,24 @@ INLINE void vh_narrow_eo2(vf e0, vf o0, vf e1, vf o1, vh *h0, vh *h1)
  * (e1, o1) as vf_st_eo's pairs */
 INLINE void vf_st_eo2_nt(void *p, int64_t i, vf e0, vf o0, vf e1, vf o1)
 {
+    need_align((uint16_t *)p + i, VF_NT_ALIGN, "vf_st_eo2_nt");
     vf_st_eo(p, i, e0, o0);
     vf_st_eo(p, i + 2 * VF_LANES, e1, o1);
 }
 
 /* vf_st's VF_LANES elements; p + i VF_NT_MIN_ALIGN-aligned */
-INLINE void vf_st_nt(void *p, int64_t i, vf v, int dt) { vf_st(p, i, v, dt); }
+INLINE void vf_st_nt(void *p, int64_t i, vf v, int dt)
+{
+    need_align(elem_at(p, i, dt), VF_NT_MIN_ALIGN, "vf_st_nt");
+    vf_st(p, i, v, dt);
+}
 
 /* VF_LANES floats at p + i, VF_NT_ALIGN-aligned */
-INLINE void vf_stream_aligned(float *p, int64_t i, vf v) { vf_store(p + i, v); }
+INLINE void vf_stream_aligned(float *p, int64_t i, vf v)
+{
+    need_align(p + i, VF_NT_ALIGN, "vf_stream_aligned");
+    vf_store(p + i, v);
+}
 
 /* Groups h of 2 VF_LANES halfwords written in order from p[0] (i = 0,
  * 2 VF_LANES, ...; p VF_NT_MIN_ALIGN-aligned; half: p is not
@@ -323,7 +357,7 @@ INLINE void vf_stream_aligned(float *p, int64_t i, vf v) { vf_store(p + i, v); }
  * vh_stream_seq_end. */
 INLINE void vh_stream_seq(void *p, int64_t i, vh h, int half, vh *prev)
 {
-    (void)half;
+    need_align((uint16_t *)p + i, half ? VF_NT_MIN_ALIGN : VF_NT_ALIGN, "vh_stream_seq");
     memcpy((uint16_t *)p + i, h.h, sizeof h.h);
     *prev = h;
 }
