@@ -15,22 +15,4 @@
 #include "cfbn.h"
 #include "bn_math.h"
 
-/* CFBN_ACT_SPECIALIZE(kind, CALL): CALL(k) with k the constant equal to kind,
- * so that a vectorized loop written for a `kind` argument is compiled once
- * per activation and the choice is made once per call rather than per
- * vector.  A case per member of enum cfbn_activation and no default: a new
- * activation is a compile error here until it has its case (a code outside
- * the enum never reaches a kernel: cfbn._args validates every call). */
-#define CFBN_ACT_SPECIALIZE(kind, CALL)                          \
-    switch ((enum cfbn_activation)(kind)) {                      \
-    case CFBN_ACT_NONE: CALL(CFBN_ACT_NONE); break;              \
-    case CFBN_ACT_RELU: CALL(CFBN_ACT_RELU); break;              \
-    case CFBN_ACT_RELU6: CALL(CFBN_ACT_RELU6); break;            \
-    case CFBN_ACT_LEAKY_RELU: CALL(CFBN_ACT_LEAKY_RELU); break;  \
-    case CFBN_ACT_ELU: CALL(CFBN_ACT_ELU); break;                \
-    case CFBN_ACT_SIGMOID: CALL(CFBN_ACT_SIGMOID); break;        \
-    case CFBN_ACT_TANH: CALL(CFBN_ACT_TANH); break;              \
-    case CFBN_ACT_SILU: CALL(CFBN_ACT_SILU); break;              \
-    }
-
 #endif

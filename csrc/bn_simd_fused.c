@@ -125,13 +125,37 @@ INLINE vf act_grad_ps(vf v, int kind, vf al)
     return vf_set1(NAN);   /* a code outside the enum */
 }
 
+/* FUSED_SPECIALIZE(kind, side, CALL): CALL(k) with k the constant equal to
+ * kind, so that a loop written for a `kind` argument is compiled once per
+ * activation and the choice is made once per call, not per vector; CALL
+ * passes `side != NULL` as the loops' side-input flag (hs).  A case per
+ * member of enum cfbn_activation and no default: a new activation is a
+ * compile error here until it has its case.  The cheap activations' loops are a few
+ * operations a vector, and a test of hs in them cost up to 1.8x in L2: CALL
+ * is made in each branch of `if (side)`, where hs is a constant, and each
+ * has a loop with a side input and one without.  The exp family's
+ * arithmetic hides the test: one loop serves both, which halves that
+ * family's code (the larger part of the fused loops'). */
+#define FUSED_SPECIALIZE(kind, side, CALL)                                                    \
+    switch ((enum cfbn_activation)(kind)) {                                                   \
+    case CFBN_ACT_NONE: if (side) CALL(CFBN_ACT_NONE); else CALL(CFBN_ACT_NONE); break;       \
+    case CFBN_ACT_RELU: if (side) CALL(CFBN_ACT_RELU); else CALL(CFBN_ACT_RELU); break;       \
+    case CFBN_ACT_RELU6: if (side) CALL(CFBN_ACT_RELU6); else CALL(CFBN_ACT_RELU6); break;    \
+    case CFBN_ACT_LEAKY_RELU:                                                                 \
+        if (side) CALL(CFBN_ACT_LEAKY_RELU); else CALL(CFBN_ACT_LEAKY_RELU); break;           \
+    case CFBN_ACT_ELU: CALL(CFBN_ACT_ELU); break;                                             \
+    case CFBN_ACT_SIGMOID: CALL(CFBN_ACT_SIGMOID); break;                                     \
+    case CFBN_ACT_TANH: CALL(CFBN_ACT_TANH); break;                                           \
+    case CFBN_ACT_SILU: CALL(CFBN_ACT_SILU); break;                                           \
+    }
+
 /* ---- fused activation and side input inside the vector loops ----
  * One pass per call, everything in registers: the pre-activation, the
  * activation or its derivative and the side input are formed in the loop
  * that reads x, so a fused call costs the plain call's memory traffic (plus
- * side's) and a few vector operations per element.  The activation kind, the
- * presence of a side input and the storage type are constants of each loop
- * (CFBN_ACT_SPECIALIZE): the kind is chosen once per call.
+ * side's) and a few vector operations per element.  The activation kind and
+ * the storage type are constants of each loop, and so is the presence of a
+ * side input for the cheap activations (FUSED_SPECIALIZE above).
  *
  * The pre-activation is formed with the plain kernels' FMA, then side is
  * added and act_ps or act_grad_ps applied, element for element.  Every
@@ -308,10 +332,8 @@ INLINE void fapply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f3
     vf q[8];
     fapply_params_ps(p, q);
     const void *side = p->side;
-#define FAPPLY_RUN(k)                                                   \
-    if (side) fapply_flat_ps(x, side, y, n, q, k, 1, al, dt, nt);     \
-    else fapply_flat_ps(x, NULL, y, n, q, k, 0, al, dt, nt)
-    CFBN_ACT_SPECIALIZE(p->act, FAPPLY_RUN)
+#define FAPPLY_RUN(k) fapply_flat_ps(x, side, y, n, q, k, side != NULL, al, dt, nt)
+    FUSED_SPECIALIZE(p->act, side, FAPPLY_RUN)
 #undef FAPPLY_RUN
     if (nt) stream_fence();
 }
@@ -328,18 +350,14 @@ INLINE void fapply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, cons
         lanes_ps(p->mlo, w, &q[1], &q[5]);
         lanes_ps(p->alpha, w, &q[2], &q[6]);
         lanes_ps(p->beta, w, &q[3], &q[7]);
-#define FAPPLY_FLAT(k)                                                          \
-    if (side) fapply_flat_ps(x, side, y, rows * w, q, k, 1, al, dt, nt);      \
-    else fapply_flat_ps(x, NULL, y, rows * w, q, k, 0, al, dt, nt)
-        CFBN_ACT_SPECIALIZE(p->act, FAPPLY_FLAT)
+#define FAPPLY_FLAT(k) fapply_flat_ps(x, side, y, rows * w, q, k, side != NULL, al, dt, nt)
+        FUSED_SPECIALIZE(p->act, side, FAPPLY_FLAT)
 #undef FAPPLY_FLAT
         if (nt) stream_fence();
         return;
     }
-#define FAPPLY_ROWS(k)                                                          \
-    if (side) fapply_rows_w_ps(x, side, y, rows, w, p, k, 1, al, dt, nt);     \
-    else fapply_rows_w_ps(x, NULL, y, rows, w, p, k, 0, al, dt, nt)
-    CFBN_ACT_SPECIALIZE(p->act, FAPPLY_ROWS)
+#define FAPPLY_ROWS(k) fapply_rows_w_ps(x, side, y, rows, w, p, k, side != NULL, al, dt, nt)
+    FUSED_SPECIALIZE(p->act, side, FAPPLY_ROWS)
 #undef FAPPLY_ROWS
     if (nt) stream_fence();
 }
@@ -607,10 +625,8 @@ INLINE void fgstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_
     vf q[8];
     fgrad_params_ps(p, 0, q);
     const void *side = p->side;
-#define FGSTATS_RUN(k)                                                          \
-    if (side) fgstats_tree_ps(dy, x, side, p->g_out, n, q, k, 1, al, dt, acc); \
-    else fgstats_tree_ps(dy, x, NULL, p->g_out, n, q, k, 0, al, dt, acc)
-    CFBN_ACT_SPECIALIZE(p->act, FGSTATS_RUN)
+#define FGSTATS_RUN(k) fgstats_tree_ps(dy, x, side, p->g_out, n, q, k, side != NULL, al, dt, acc)
+    FUSED_SPECIALIZE(p->act, side, FGSTATS_RUN)
 #undef FGSTATS_RUN
     if (n >= FTREE_STRETCH && run_needs_double(acc, n, p)) fgstats_column_pd(dy, x, n, 1, 0, p, 0, acc, acc + 1, dt);
 }
@@ -622,10 +638,8 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
     const void *side = p->side;
     const vf al = vf_set1(p->act_alpha);
     if (w % VF_LANES == 0 && w > 2 * VF_LANES) {
-#define FGSTATS_ROWS8(k)                                                                \
-    if (side) fgstats_rows8_ps(dy, x, side, rows, w, p, k, 1, al, dt, acc);           \
-    else fgstats_rows8_ps(dy, x, NULL, rows, w, p, k, 0, al, dt, acc)
-        CFBN_ACT_SPECIALIZE(p->act, FGSTATS_ROWS8)
+#define FGSTATS_ROWS8(k) fgstats_rows8_ps(dy, x, side, rows, w, p, k, side != NULL, al, dt, acc)
+        FUSED_SPECIALIZE(p->act, side, FGSTATS_ROWS8)
 #undef FGSTATS_ROWS8
         return;
     }
@@ -642,10 +656,8 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
         /* zero for a code outside enum cfbn_activation, which reaches no
          * call below (and -Wmaybe-uninitialized sees that path) */
         acc8 e = acc8_zero(), o = acc8_zero();
-#define FGSTATS_FLAT(k)                                                                 \
-    if (side) fgstats_flat_ps(dy, x, side, p->g_out, rows * w, q, k, 1, al, dt, &e, &o); \
-    else fgstats_flat_ps(dy, x, NULL, p->g_out, rows * w, q, k, 0, al, dt, &e, &o)
-        CFBN_ACT_SPECIALIZE(p->act, FGSTATS_FLAT)
+#define FGSTATS_FLAT(k) fgstats_flat_ps(dy, x, side, p->g_out, rows * w, q, k, side != NULL, al, dt, &e, &o)
+        FUSED_SPECIALIZE(p->act, side, FGSTATS_FLAT)
 #undef FGSTATS_FLAT
         acc8_store(&e, s1, s2);
         acc8_store(&o, s1 + VF_LANES, s2 + VF_LANES);
@@ -653,10 +665,8 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
         fold_lanes(s2, 2 * VF_LANES, w, acc + w);
         return;
     }
-#define FGSTATS_ROWS(k)                                                                 \
-    if (side) fgstats_rows_w_ps(dy, x, side, rows, w, p, k, 1, al, dt, acc);          \
-    else fgstats_rows_w_ps(dy, x, NULL, rows, w, p, k, 0, al, dt, acc)
-    CFBN_ACT_SPECIALIZE(p->act, FGSTATS_ROWS)
+#define FGSTATS_ROWS(k) fgstats_rows_w_ps(dy, x, side, rows, w, p, k, side != NULL, al, dt, acc)
+    FUSED_SPECIALIZE(p->act, side, FGSTATS_ROWS)
 #undef FGSTATS_ROWS
 }
 
@@ -760,10 +770,8 @@ INLINE void fgapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, c
     fgrad_params_ps(p, 1, q);
     const void *side = p->side;
     void *sg = p->side_grad;
-#define FGAPPLY_RUN(k)                                                          \
-    if (side) fgapply_flat_ps(dy, x, side, dx, sg, n, q, k, 1, al, dt, nt);   \
-    else fgapply_flat_ps(dy, x, NULL, dx, sg, n, q, k, 0, al, dt, nt)
-    CFBN_ACT_SPECIALIZE(p->act, FGAPPLY_RUN)
+#define FGAPPLY_RUN(k) fgapply_flat_ps(dy, x, side, dx, sg, n, q, k, side != NULL, al, dt, nt)
+    FUSED_SPECIALIZE(p->act, side, FGAPPLY_RUN)
 #undef FGAPPLY_RUN
     if (nt) stream_fence();
 }
@@ -788,18 +796,14 @@ INLINE void fgapply_rows_ps(const void *dy, const void *x, void *dx, int64_t row
         lanes_ps(p->a, w, &q[4], &q[11]);
         lanes_ps(p->b, w, &q[5], &q[12]);
         lanes_ps(p->c, w, &q[6], &q[13]);
-#define FGAPPLY_FLAT(k)                                                                 \
-    if (side) fgapply_flat_ps(dy, x, side, dx, sg, rows * w, q, k, 1, al, dt, nt);    \
-    else fgapply_flat_ps(dy, x, NULL, dx, sg, rows * w, q, k, 0, al, dt, nt)
-        CFBN_ACT_SPECIALIZE(p->act, FGAPPLY_FLAT)
+#define FGAPPLY_FLAT(k) fgapply_flat_ps(dy, x, side, dx, sg, rows * w, q, k, side != NULL, al, dt, nt)
+        FUSED_SPECIALIZE(p->act, side, FGAPPLY_FLAT)
 #undef FGAPPLY_FLAT
         if (nt) stream_fence();
         return;
     }
-#define FGAPPLY_ROWS(k)                                                                 \
-    if (side) fgapply_rows_w_ps(dy, x, side, dx, sg, rows, w, p, k, 1, al, dt, nt);   \
-    else fgapply_rows_w_ps(dy, x, NULL, dx, sg, rows, w, p, k, 0, al, dt, nt)
-    CFBN_ACT_SPECIALIZE(p->act, FGAPPLY_ROWS)
+#define FGAPPLY_ROWS(k) fgapply_rows_w_ps(dy, x, side, dx, sg, rows, w, p, k, side != NULL, al, dt, nt)
+    FUSED_SPECIALIZE(p->act, side, FGAPPLY_ROWS)
 #undef FGAPPLY_ROWS
     if (nt) stream_fence();
 }
@@ -1002,10 +1006,8 @@ INLINE void fapply_runs_ps(const void *x, void *y, int64_t n, const cfbn_apply_f
     vf q[8];
     fapply_params_ps(p, q);
     const void *side = p->side;
-#define FAPPLY_RUNS(k)                                                              \
-    if (side) fapply_runs_k(x, side, y, n, p->runs, p->stride, q, k, 1, al, dt);  \
-    else fapply_runs_k(x, NULL, y, n, p->runs, p->stride, q, k, 0, al, dt)
-    CFBN_ACT_SPECIALIZE(p->act, FAPPLY_RUNS)
+#define FAPPLY_RUNS(k) fapply_runs_k(x, side, y, n, p->runs, p->stride, q, k, side != NULL, al, dt)
+    FUSED_SPECIALIZE(p->act, side, FAPPLY_RUNS)
 #undef FAPPLY_RUNS
 }
 
@@ -1053,10 +1055,8 @@ INLINE void fgstats_runs_ps(const void *dy, const void *x, int64_t n, const cfbn
     vf q[8];
     fgrad_params_ps(p, 0, q);
     const void *side = p->side;
-#define FGSTATS_RUNS(k)                                                                      \
-    if (side) fgstats_runs_k(dy, x, side, p->g_out, n, p->runs, p->stride, q, k, 1, al, dt, acc); \
-    else fgstats_runs_k(dy, x, NULL, p->g_out, n, p->runs, p->stride, q, k, 0, al, dt, acc)
-    CFBN_ACT_SPECIALIZE(p->act, FGSTATS_RUNS)
+#define FGSTATS_RUNS(k) fgstats_runs_k(dy, x, side, p->g_out, n, p->runs, p->stride, q, k, side != NULL, al, dt, acc)
+    FUSED_SPECIALIZE(p->act, side, FGSTATS_RUNS)
 #undef FGSTATS_RUNS
     /* checked once, on the totals, as gstats_runs_ps does */
     if (run_needs_double(acc, n * p->runs, p)) fgstats_runs_pd(dy, x, n, p, acc, dt);
@@ -1086,10 +1086,8 @@ INLINE void fgapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, 
     fgrad_params_ps(p, 1, q);
     const void *side = p->side;
     void *sg = p->side_grad;
-#define FGAPPLY_RUNS(k)                                                                      \
-    if (side) fgapply_runs_k(dy, x, side, dx, sg, n, p->runs, p->stride, q, k, 1, al, dt);  \
-    else fgapply_runs_k(dy, x, NULL, dx, sg, n, p->runs, p->stride, q, k, 0, al, dt)
-    CFBN_ACT_SPECIALIZE(p->act, FGAPPLY_RUNS)
+#define FGAPPLY_RUNS(k) fgapply_runs_k(dy, x, side, dx, sg, n, p->runs, p->stride, q, k, side != NULL, al, dt)
+    FUSED_SPECIALIZE(p->act, side, FGAPPLY_RUNS)
 #undef FGAPPLY_RUNS
 }
 
