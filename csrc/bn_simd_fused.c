@@ -708,7 +708,7 @@ INLINE void fgapply_flat_ps(const void *dy, const void *x, const void *side, voi
 }
 
 INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, void *dx, void *sg, int64_t rows,
-                              int64_t w, const cfbn_grad_f32 *p, int kind, int hs, vf al, int dt, int nt)
+                              int64_t w, const cfbn_grad_f32 *p, int kind, int hs, vf al, int dt)
 {
     const float *ya = yab_ps(p->ya, p), *yb = yab_ps(p->yb, p);
     const float *const v[7] = {p->mhi, p->mlo, ya, yb, p->a, p->b, p->c};
@@ -718,29 +718,21 @@ INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, v
     tail_params_ps(v, 7, full, cnt, t);
     /* blocks of FUSED_ROWS rows, each VF_LANES-column group's 7 parameters
      * loaded once per block (loaded per row, they outnumber the data
-     * loads); one row at a time with streaming stores, which must fill each
-     * line in turn.  A block's loads come from FUSED_ROWS rows at once,
-     * which the hardware prefetchers follow poorly from DRAM: each column
-     * group prefetches its share of the inputs ahead, as gstats_rows8_ps
-     * does (measured on 25088 rows of 128, relu, one thread: 1.00 -> 0.40
-     * ns an element, the plain gapply_rows 0.38).  The streaming walk, a
-     * row at a time, prefetches a line of each input FLAT_PREFETCH_BYTES
-     * ahead, as the plain streaming loops do: without it its loads waited
-     * on memory ((32,56,56,64) relu, one thread: 11.1 -> 7.6 ms). */
-    const int64_t kb = nt ? 1 : FUSED_ROWS;
+     * loads).  A block's loads come from FUSED_ROWS rows at once, which the
+     * hardware prefetchers follow poorly from DRAM: each column group
+     * prefetches its share of the inputs ahead, as gstats_rows8_ps does
+     * (measured on 25088 rows of 128, relu, one thread: 1.00 -> 0.40 ns an
+     * element, the plain gapply_rows 0.38).  Regular stores only
+     * (fgapply_nt). */
     const size_t es = dt ? 2 : 4;
-    for (int64_t r = 0; r < rows; r += kb) {
-        const int64_t kr = rows - r < kb ? rows - r : kb, o = r * w;
+    for (int64_t r = 0; r < rows; r += FUSED_ROWS) {
+        const int64_t kr = rows - r < FUSED_ROWS ? rows - r : FUSED_ROWS, o = r * w;
         for (int64_t j = 0; j < full; j += VF_LANES) {
             if (kr == FUSED_ROWS) {
                 prefetch_group_l2(dy, o, j, es);
                 prefetch_group_l2(x, o, j, es);
                 if (hs) prefetch_group_l2(side, o, j, es);
                 prefetch_group_l2(dx, o, j, es);
-            } else if (nt && !((o + j) & (int64_t)(64 / es - 1))) {
-                prefetch_ahead_of(dy, o + j, dt);
-                prefetch_ahead_of(x, o + j, dt);
-                if (hs) prefetch_ahead_of(side, o + j, dt);
             }
             vf q[7];
             col_params_ps(v, 7, j, q);
@@ -748,8 +740,8 @@ INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, v
                 const int64_t e = o + k * w + j;
                 vf x0 = vf_ld(x, e, dt), s0 = hs ? vf_ld(side, e, dt) : z;
                 vf g0 = fused_g_ps(vf_ld(dy, e, dt), x0, s0, q, kind, hs, al);
-                if (sg) st8_out(sg, e, g0, dt, nt);
-                st8_out(dx, e, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), dt, nt);
+                if (sg) vf_st(sg, e, g0, dt);
+                vf_st(dx, e, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), dt);
             }
         }
         for (int64_t k = 0; cnt && k < kr; k++) {
@@ -762,9 +754,26 @@ INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, v
     }
 }
 
+/* Streaming for the fused gradient's elementwise pass (fused_nt's, and
+ * more): only a flat stream (rows: flat only when 2 VF_LANES is a multiple
+ * of their width) with one output and a derivative that is a compare.
+ * With the side input's gradient as a second streamed output, or the exp
+ * family's arithmetic, or the rows of other widths, streaming was slower
+ * than regular stores: (32,56,56,64) float32 NHWC, one thread, Zen 3,
+ * regular against streaming stores, ms: relu 5.2 / 6.5, relu with side
+ * input and its gradient 8.3 / 18.4, silu 6.8 / 10.7; a run of the same
+ * size, relu 3.6 / 3.2, relu with side and gradient 5.0 / 4.4 but 5.9 /
+ * 6.8 as rows of 16, silu with side and gradient 7.6 / 12.4. */
+INLINE int fgapply_nt(const cfbn_grad_f32 *p, int dt, const void *dx, int64_t w)
+{
+    const int compare = p->act == CFBN_ACT_NONE || p->act == CFBN_ACT_RELU || p->act == CFBN_ACT_RELU6
+                        || p->act == CFBN_ACT_LEAKY_RELU;
+    return compare && !p->side_grad && (2 * VF_LANES) % (w ? w : 1) == 0 && fused_nt(p->stream, dt, dx, dx, w);
+}
+
 INLINE void fgapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
-    const int nt = fused_nt(p->stream, dt, dx, p->side_grad ? p->side_grad : dx, 0);
+    const int nt = fgapply_nt(p, dt, dx, 0);
     const vf al = vf_set1(p->act_alpha);
     vf q[14];
     fgrad_params_ps(p, 1, q);
@@ -779,7 +788,7 @@ INLINE void fgapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, c
 INLINE void fgapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
                             int dt)
 {
-    const int nt = fused_nt(p->stream, dt, dx, p->side_grad ? p->side_grad : dx, w);
+    const int nt = fgapply_nt(p, dt, dx, w);
     if (w <= 0) return;
     const void *side = p->side;
     void *sg = p->side_grad;
@@ -802,10 +811,9 @@ INLINE void fgapply_rows_ps(const void *dy, const void *x, void *dx, int64_t row
         if (nt) stream_fence();
         return;
     }
-#define FGAPPLY_ROWS(k) fgapply_rows_w_ps(dy, x, side, dx, sg, rows, w, p, k, side != NULL, al, dt, nt)
+#define FGAPPLY_ROWS(k) fgapply_rows_w_ps(dy, x, side, dx, sg, rows, w, p, k, side != NULL, al, dt)
     FUSED_SPECIALIZE(p->act, side, FGAPPLY_ROWS)
 #undef FGAPPLY_ROWS
-    if (nt) stream_fence();
 }
 
 /* Several runs of one channel (cfbn.h: runs, stride) in one call, without the
