@@ -136,11 +136,18 @@ int cfbn_route_per_channel(int64_t pieces, int planes, int64_t slice, int64_t C,
  * elementwise pass would form, so dx keeps its bits; a 2-byte g would be
  * rounded to the storage type.  For relu, relu6 and leaky_relu without a side
  * input, act' is a compare: storing g there changed no ratio beyond the
- * noise of two fusion.py runs (relu gradient 0.95-1.47 either way).  Not when
- * the outputs stream (cfbn_route_stream): g's regular stores then cost a
- * read for ownership of every line, and streaming dx over g's lines writes
- * them back twice.  Measured with benchmarks/fusion.py, float32, the ratio to
- * the plain gradient, recompute -> stored, 1 / 2 threads:
+ * noise of two fusion.py runs (relu gradient 0.95-1.47 either way).  When
+ * the outputs stream (cfbn_route_stream), only with a side input: g's
+ * regular stores then cost a read for ownership of every line, and streaming
+ * dx over g's lines writes them back twice, but with a side input the
+ * elementwise pass that recomputes g writes two outputs, which it does with
+ * regular stores (streaming both was slower: bn_simd_fused.c, fgapply_nt),
+ * and reads side again.  (32,56,56,64) float32, relu with a side input, one
+ * thread, fusion.py, ratio to the plain gradient: NHWC 6.1 (both outputs
+ * streamed) -> 2.1 (regular stores) -> 1.38 (g stored); NCHW 6.5 -> 1.52.
+ * Measured with benchmarks/fusion.py before the outputs' streaming changed
+ * (float32, the ratio to the plain gradient, recompute -> stored, 1 / 2
+ * threads):
  *   silu (32,28,28,128) NHWC 2.03 -> 1.50 / 2.12 -> 1.50, NCHW 3.05 -> 1.97 /
  *   2.98 -> 1.92; (8,32,32,32) NHWC 2.70 -> 1.78 / 3.41 -> 2.30;
  *   relu with a side input (8,32,32,32) NHWC 2.26 -> 1.72 / 2.19 -> 1.62;
@@ -163,8 +170,8 @@ static int act_grad_is_compare(int act)
 
 int cfbn_route_store_g(int dtype, int act, int side_grad, int stream)
 {
-    if (dtype != CFBN_F32 || act == CFBN_ACT_NONE || stream) return 0;
-    return side_grad || !act_grad_is_compare(act);
+    if (dtype != CFBN_F32 || act == CFBN_ACT_NONE) return 0;
+    return side_grad || (!stream && !act_grad_is_compare(act));
 }
 
 /* ---- tables ---- */

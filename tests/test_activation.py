@@ -245,6 +245,22 @@ def test_stored_g_keeps_the_bits(isa, layout, shape, act, with_side):
     else in x_backprop) gives the bits of the one that forms g twice, which
     the driver takes when the output that would hold g is an input's memory
     (here dy's)."""
+    check_stored_g_keeps_the_bits(layout, shape, act, with_side)
+
+
+@pytest.mark.parametrize("layout,shape", [("NHWC", (32, 56, 56, 64)), ("NCHW", (32, 64, 56, 56))],
+                         ids=["NHWC", "NCHW"])
+@pytest.mark.parametrize("act", ["relu", "silu"])
+def test_stored_g_keeps_the_bits_when_streaming(isa, layout, shape, act):
+    """The same at a size where the router asks for streaming stores (the
+    gradient's passes touch more than 64 MiB), with a side input: there the
+    sums pass stores g where the output that holds it is free, and the
+    elementwise pass writes with regular stores where streaming two outputs
+    was slower (bn_simd_fused.c, fgapply_nt)."""
+    check_stored_g_keeps_the_bits(layout, shape, act, True)
+
+
+def check_stored_g_keeps_the_bits(layout, shape, act, with_side):
     rng = np.random.default_rng(seed_of(layout, shape, act, with_side))
     C = shape[-1] if layout == "NHWC" else shape[1]
     x = (rng.standard_normal(shape) * 3 + 2).astype(np.float32)
