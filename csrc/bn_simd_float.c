@@ -885,6 +885,35 @@ INLINE void apply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32
     apply_uni_ps(x, y, n, q, dt);
 }
 
+/* Rows of any width, column block by column block with a masked tail.  nt:
+ * the blocks' stores non-temporal (rows as rows_stream_ok in bn_route.c
+ * allows, whose tails stay within the row: avail is then cnt). */
+INLINE void apply_cols_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt, int nt)
+{
+    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
+    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm;
+    if (cnt) {
+        vf_mask mk = vf_mask_first(cnt);
+        tm = vf_load_part(p->mhi + full, mk);
+        tl = vf_load_part(p->mlo + full, mk);
+        ta = vf_load_part(p->alpha + full, mk);
+        tb = vf_load_part(p->beta + full, mk);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += VF_LANES) {
+            vf v = apply_ps(vf_ld(x, o + j, dt), vf_load(p->mhi + j), vf_load(p->mlo + j),
+                                vf_load(p->alpha + j), vf_load(p->beta + j));
+            if (nt) vf_st_nt(y, o + j, v, dt);
+            else vf_st(y, o + j, v, dt);
+        }
+        if (cnt) {
+            vf v = vf_ld_part(x, o + full, cnt, nt ? cnt : n - o - full, dt);
+            vf_st_part(y, o + full, apply_ps(v, tm, tl, ta, tb), cnt, dt);
+        }
+    }
+}
+
 INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
 {
     if (w <= 0) return;
@@ -901,28 +930,7 @@ INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const
         apply_rows_eo(x, y, rows, w, p, 0);
         return;
     }
-    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
-    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm;
-    if (cnt) {
-        vf_mask mk = vf_mask_first(cnt);
-        tm = vf_load_part(p->mhi + full, mk);
-        tl = vf_load_part(p->mlo + full, mk);
-        ta = vf_load_part(p->alpha + full, mk);
-        tb = vf_load_part(p->beta + full, mk);
-    }
-    int64_t r = 0;
-    for (; r < rows; r++) {
-        const int64_t o = r * w;
-        for (int64_t j = 0; j < full; j += VF_LANES) {
-            vf v = apply_ps(vf_ld(x, o + j, dt), vf_load(p->mhi + j), vf_load(p->mlo + j),
-                                vf_load(p->alpha + j), vf_load(p->beta + j));
-            vf_st(y, o + j, v, dt);
-        }
-        if (cnt) {
-            vf v = vf_ld_part(x, o + full, cnt, n - o - full, dt);
-            vf_st_part(y, o + full, apply_ps(v, tm, tl, ta, tb), cnt, dt);
-        }
-    }
+    apply_cols_ps(x, y, rows, w, p, dt, 0);
 }
 
 /* The gradient sums of `runs` runs of n elements, `stride` apart, with
@@ -1070,6 +1078,38 @@ INLINE void gapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, co
     gapply_uni_ps(dy, x, dx, n, q, dt);
 }
 
+/* Rows of any width, as apply_cols_ps */
+INLINE void gapply_cols_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                           int dt, int nt)
+{
+    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
+    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm, tc = tm;
+    if (cnt) {
+        vf_mask mk = vf_mask_first(cnt);
+        tm = vf_load_part(p->mhi + full, mk);
+        tl = vf_load_part(p->mlo + full, mk);
+        ta = vf_load_part(p->a + full, mk);
+        tb = vf_load_part(p->b + full, mk);
+        tc = vf_load_part(p->c + full, mk);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += VF_LANES) {
+            vf v = gapply_ps(vf_ld(dy, o + j, dt), vf_ld(x, o + j, dt), vf_load(p->mhi + j),
+                                 vf_load(p->mlo + j), vf_load(p->a + j), vf_load(p->b + j),
+                                 vf_load(p->c + j));
+            if (nt) vf_st_nt(dx, o + j, v, dt);
+            else vf_st(dx, o + j, v, dt);
+        }
+        if (cnt) {
+            const int64_t avail = nt ? cnt : n - o - full;
+            vf g = vf_ld_part(dy, o + full, cnt, avail, dt);
+            vf v = vf_ld_part(x, o + full, cnt, avail, dt);
+            vf_st_part(dx, o + full, gapply_ps(g, v, tm, tl, ta, tb, tc), cnt, dt);
+        }
+    }
+}
+
 INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
                            int dt)
 {
@@ -1088,31 +1128,7 @@ INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows
         gapply_rows_eo(dy, x, dx, rows, w, p, 0);
         return;
     }
-    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
-    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm, tc = tm;
-    if (cnt) {
-        vf_mask mk = vf_mask_first(cnt);
-        tm = vf_load_part(p->mhi + full, mk);
-        tl = vf_load_part(p->mlo + full, mk);
-        ta = vf_load_part(p->a + full, mk);
-        tb = vf_load_part(p->b + full, mk);
-        tc = vf_load_part(p->c + full, mk);
-    }
-    int64_t r = 0;
-    for (; r < rows; r++) {
-        const int64_t o = r * w;
-        for (int64_t j = 0; j < full; j += VF_LANES) {
-            vf v = gapply_ps(vf_ld(dy, o + j, dt), vf_ld(x, o + j, dt), vf_load(p->mhi + j),
-                                 vf_load(p->mlo + j), vf_load(p->a + j), vf_load(p->b + j),
-                                 vf_load(p->c + j));
-            vf_st(dx, o + j, v, dt);
-        }
-        if (cnt) {
-            vf g = vf_ld_part(dy, o + full, cnt, n - o - full, dt);
-            vf v = vf_ld_part(x, o + full, cnt, n - o - full, dt);
-            vf_st_part(dx, o + full, gapply_ps(g, v, tm, tl, ta, tb, tc), cnt, dt);
-        }
-    }
+    gapply_cols_ps(dy, x, dx, rows, w, p, dt, 0);
 }
 
 /* ---- non-temporal stores (f32, f16, bf16 storage) ----
@@ -1188,28 +1204,8 @@ INLINE void apply_run_nt_ps(const void *x, void *y, int64_t n, const cfbn_apply_
  * (rows_stream_ok in bn_route.c; VF_NT_MIN_ALIGN is at most 16) */
 INLINE void apply_rows_nt_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
 {
-    if (eo_rows(dt, w)) {
-        apply_rows_eo(x, y, rows, w, p, 1);
-        stream_fence();
-        return;
-    }
-    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full;
-    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm;
-    if (cnt) {
-        vf_mask mk = vf_mask_first(cnt);
-        tm = vf_load_part(p->mhi + full, mk);
-        tl = vf_load_part(p->mlo + full, mk);
-        ta = vf_load_part(p->alpha + full, mk);
-        tb = vf_load_part(p->beta + full, mk);
-    }
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t o = r * w;
-        for (int64_t j = 0; j < full; j += VF_LANES) {
-            vf_st_nt(y, o + j, apply_ps(vf_ld(x, o + j, dt), vf_load(p->mhi + j), vf_load(p->mlo + j),
-                                      vf_load(p->alpha + j), vf_load(p->beta + j)), dt);
-        }
-        if (cnt) vf_st_part(y, o + full, apply_ps(vf_ld_part(x, o + full, cnt, cnt, dt), tm, tl, ta, tb), cnt, dt);
-    }
+    if (eo_rows(dt, w)) apply_rows_eo(x, y, rows, w, p, 1);
+    else apply_cols_ps(x, y, rows, w, p, dt, 1);
     stream_fence();
 }
 
@@ -1251,39 +1247,7 @@ INLINE void gapply_run_nt_ps(const void *dy, const void *x, void *dx, int64_t n,
 INLINE void gapply_rows_nt_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
                               const cfbn_grad_f32 *p, int dt)
 {
-    if (eo_rows(dt, w)) {
-        gapply_rows_eo(dy, x, dx, rows, w, p, 1);
-        stream_fence();
-        return;
-    }
-    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full;
-    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm, tc = tm;
-    if (cnt) {
-        vf_mask mk = vf_mask_first(cnt);
-        tm = vf_load_part(p->mhi + full, mk);
-        tl = vf_load_part(p->mlo + full, mk);
-        ta = vf_load_part(p->a + full, mk);
-        tb = vf_load_part(p->b + full, mk);
-        tc = vf_load_part(p->c + full, mk);
-    }
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t o = r * w;
-        for (int64_t j = 0; j < full; j += VF_LANES) {
-            vf_st_nt(dx, o + j, gapply_ps(vf_ld(dy, o + j, dt), vf_ld(x, o + j, dt), vf_load(p->mhi + j),
-                                        vf_load(p->mlo + j), vf_load(p->a + j),
-                                        vf_load(p->b + j), vf_load(p->c + j)), dt);
-        }
-        if (cnt)
-            vf_st_part(dx, o + full, gapply_ps(vf_ld_part(dy, o + full, cnt, cnt, dt), vf_ld_part(x, o + full, cnt, cnt, dt),
-                                            tm, tl, ta, tb, tc), cnt, dt);
-    }
+    if (eo_rows(dt, w)) gapply_rows_eo(dy, x, dx, rows, w, p, 1);
+    else gapply_cols_ps(dy, x, dx, rows, w, p, dt, 1);
     stream_fence();
-}
-
-
-/* streaming pays only with whole aligned rows */
-INLINE int rows_stream_ok(const float *out, int64_t w)
-{
-    const int64_t bytes = w * (int64_t)sizeof(float);
-    return (uintptr_t)out % VF_NT_MIN_ALIGN == 0 && bytes % VF_NT_MIN_ALIGN == 0 && bytes >= 64;
 }
