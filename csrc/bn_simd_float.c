@@ -43,6 +43,18 @@ INLINE void acc8_store(const acc8 *a, double *s1, double *s2)
     vd_store(s2 + VD_LANES, a->s2hi);
 }
 
+/* The sums of a flat stream of w columns (w divides 2 VF_LANES: a from the
+ * even blocks, b from the odd ones) per column: s1 to acc[0, w), s2 to
+ * acc[w, 2 w). */
+INLINE void fold_acc8(const acc8 *a, const acc8 *b, int64_t w, double *acc)
+{
+    double s1[2 * VF_LANES], s2[2 * VF_LANES];
+    acc8_store(a, s1, s2);
+    acc8_store(b, s1 + VF_LANES, s2 + VF_LANES);
+    fold_lanes(s1, 2 * VF_LANES, w, acc);
+    fold_lanes(s2, 2 * VF_LANES, w, acc + w);
+}
+
 /* Stores lanes [0, cnt) of a into s1[], s2[]. */
 INLINE void acc8_store_part(const acc8 *a, double *s1, double *s2, int64_t cnt)
 {
@@ -787,16 +799,13 @@ INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *
         return;
     }
     if ((2 * VF_LANES) % w == 0) {
-        double t[2 * VF_LANES], s1[2 * VF_LANES], s2[2 * VF_LANES];
+        double t[2 * VF_LANES];
         for (int l = 0; l < 2 * VF_LANES; l++) t[l] = shift[l % w];
         const vd sh[4] = {vd_load(t), vd_load(t + VD_LANES), vd_load(t + VF_LANES),
                           vd_load(t + VF_LANES + VD_LANES)};
         acc8 a, b;
         stats_flat_ps(x, rows * w, sh, dt, &a, &b);
-        acc8_store(&a, s1, s2);
-        acc8_store(&b, s1 + VF_LANES, s2 + VF_LANES);
-        fold_lanes(s1, 2 * VF_LANES, w, acc);
-        fold_lanes(s2, 2 * VF_LANES, w, acc + w);
+        fold_acc8(&a, &b, w, acc);
         return;
     }
     /* Full VF_LANES-column blocks accumulate in acc (L1-resident, two rows per
@@ -980,15 +989,11 @@ INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t 
     }
     if ((2 * VF_LANES) % w == 0) {
         vf q[4];
-        double s1[2 * VF_LANES], s2[2 * VF_LANES];
         lanes_ps(p->mhi, w, &q[0], &q[2]);
         lanes_ps(p->mlo, w, &q[1], &q[3]);
         acc8 a, b;
         gstats_flat_ps(dy, x, rows * w, q, dt, 1, &a, &b);
-        acc8_store(&a, s1, s2);
-        acc8_store(&b, s1 + VF_LANES, s2 + VF_LANES);
-        fold_lanes(s1, 2 * VF_LANES, w, acc);
-        fold_lanes(s2, 2 * VF_LANES, w, acc + w);
+        fold_acc8(&a, &b, w, acc);
         if (rows * w >= TREE_SPAN) gstats_redo_columns(dy, x, rows, w, p, acc, dt);
         return;
     }

@@ -645,7 +645,6 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
     }
     if ((2 * VF_LANES) % w == 0) {
         vf q[8];
-        double s1[2 * VF_LANES], s2[2 * VF_LANES];
         lanes_ps(p->mhi, w, &q[0], &q[4]);
         lanes_ps(p->mlo, w, &q[1], &q[5]);
         q[2] = q[3] = q[6] = q[7] = vf_zero();
@@ -659,10 +658,7 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
 #define FGSTATS_FLAT(k) fgstats_flat_ps(dy, x, side, p->g_out, rows * w, q, k, side != NULL, al, dt, &e, &o)
         FUSED_SPECIALIZE(p->act, side, FGSTATS_FLAT)
 #undef FGSTATS_FLAT
-        acc8_store(&e, s1, s2);
-        acc8_store(&o, s1 + VF_LANES, s2 + VF_LANES);
-        fold_lanes(s1, 2 * VF_LANES, w, acc);
-        fold_lanes(s2, 2 * VF_LANES, w, acc + w);
+        fold_acc8(&e, &o, w, acc);
         return;
     }
 #define FGSTATS_ROWS(k) fgstats_rows_w_ps(dy, x, side, rows, w, p, k, side != NULL, al, dt, acc)
