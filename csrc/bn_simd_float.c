@@ -11,7 +11,7 @@
  * run as one flat stream with per-lane parameters, because then every lane
  * always sees the same column; widths of a multiple of VF_LANES sum blocks
  * of 8 rows in float; other widths go row by row with a masked tail.  The
- * shared helpers (acc8, stats_step, centered_ps, tree8, needs_double, ...)
+ * shared helpers (accf, stats_step, centered_ps, tree8, needs_double, ...)
  * are the fused and second-order loops' too. */
 #ifndef VF_LANES
 #error "bn_simd_float.c is included by bn_simd.c, after an ISA's vec_<isa>.h"
@@ -21,21 +21,21 @@
  * the rest in hi): s1 = sum d or sum dy, s2 = sum d^2 or sum dy*d. */
 typedef struct {
     vd s1lo, s1hi, s2lo, s2hi;
-} acc8;
+} accf;
 
-INLINE acc8 acc8_zero(void)
+INLINE accf accf_zero(void)
 {
-    acc8 a = {vd_zero(), vd_zero(), vd_zero(), vd_zero()};
+    accf a = {vd_zero(), vd_zero(), vd_zero(), vd_zero()};
     return a;
 }
 
-INLINE acc8 acc8_load(const double *s1, const double *s2)
+INLINE accf accf_load(const double *s1, const double *s2)
 {
-    acc8 a = {vd_load(s1), vd_load(s1 + VD_LANES), vd_load(s2), vd_load(s2 + VD_LANES)};
+    accf a = {vd_load(s1), vd_load(s1 + VD_LANES), vd_load(s2), vd_load(s2 + VD_LANES)};
     return a;
 }
 
-INLINE void acc8_store(const acc8 *a, double *s1, double *s2)
+INLINE void accf_store(const accf *a, double *s1, double *s2)
 {
     vd_store(s1, a->s1lo);
     vd_store(s1 + VD_LANES, a->s1hi);
@@ -43,8 +43,20 @@ INLINE void acc8_store(const acc8 *a, double *s1, double *s2)
     vd_store(s2 + VD_LANES, a->s2hi);
 }
 
+/* The sums of a flat stream of w columns (w divides 2 VF_LANES: a from the
+ * even blocks, b from the odd ones) per column: s1 to acc[0, w), s2 to
+ * acc[w, 2 w). */
+INLINE void fold_accf(const accf *a, const accf *b, int64_t w, double *acc)
+{
+    double s1[2 * VF_LANES], s2[2 * VF_LANES];
+    accf_store(a, s1, s2);
+    accf_store(b, s1 + VF_LANES, s2 + VF_LANES);
+    fold_lanes(s1, 2 * VF_LANES, w, acc);
+    fold_lanes(s2, 2 * VF_LANES, w, acc + w);
+}
+
 /* Stores lanes [0, cnt) of a into s1[], s2[]. */
-INLINE void acc8_store_part(const acc8 *a, double *s1, double *s2, int64_t cnt)
+INLINE void accf_store_part(const accf *a, double *s1, double *s2, int64_t cnt)
 {
     vd_mask mlo = vd_mask_first(cnt);
     vd_store_part(s1, mlo, a->s1lo);
@@ -58,7 +70,7 @@ INLINE void acc8_store_part(const acc8 *a, double *s1, double *s2, int64_t cnt)
 
 /* The shift is subtracted in double: x - shift is exact there for any float
  * x near the shift, which keeps sum d^2 free of cancellation. */
-INLINE void stats_step(acc8 *a, vd xlo, vd xhi, vd shlo, vd shhi)
+INLINE void stats_step(accf *a, vd xlo, vd xhi, vd shlo, vd shhi)
 {
     vd dlo = vd_sub(xlo, shlo), dhi = vd_sub(xhi, shhi);
     a->s1lo = vd_add(a->s1lo, dlo);
@@ -67,7 +79,7 @@ INLINE void stats_step(acc8 *a, vd xlo, vd xhi, vd shlo, vd shhi)
     a->s2hi = vd_fma(dhi, dhi, a->s2hi);
 }
 
-INLINE void gstats_step(acc8 *a, vf g, vf d)
+INLINE void gstats_step(accf *a, vf g, vf d)
 {
     vd glo = vf_lo_pd(g), ghi = vf_hi_pd(g);
     a->s1lo = vd_add(a->s1lo, glo);
@@ -155,7 +167,7 @@ INLINE vf gapply_eo_ps(vf g, vf x, const float *q, int h)
 
 /* Stores the 2 EO_GROUP elements h0, h1 at y[i..]: regular stores, or (nt)
  * non-temporal ones as vh_stream_seq's */
-INLINE void st32_eo_seq(void *y, int64_t i, vh h0, vh h1, int nt, int half, vh *prev)
+INLINE void st_eo2_seq(void *y, int64_t i, vh h0, vh h1, int nt, int half, vh *prev)
 {
     if (nt) {
         vh_stream_seq(y, i, h0, half, prev);
@@ -191,7 +203,7 @@ INLINE void apply_rows_eo(const void *x, void *y, int64_t rows, int64_t w, const
                 vh_narrow_eo2(apply_eo_ps(e0, g, 0), apply_eo_ps(o0, g, VF_LANES),
                               apply_eo_ps(e1, g + 4 * EO_GROUP, 0), apply_eo_ps(o1, g + 4 * EO_GROUP, VF_LANES),
                               &h0, &h1);
-                st32_eo_seq(y, i, h0, h1, nt, half, &prev);
+                st_eo2_seq(y, i, h0, h1, nt, half, &prev);
             }
             continue;
         }
@@ -231,7 +243,7 @@ INLINE void gapply_rows_eo(const void *dy, const void *x, void *dx, int64_t rows
                 vh_narrow_eo2(gapply_eo_ps(ge0, xe0, g, 0), gapply_eo_ps(go0, xo0, g, VF_LANES),
                               gapply_eo_ps(ge1, xe1, g + 5 * EO_GROUP, 0),
                               gapply_eo_ps(go1, xo1, g + 5 * EO_GROUP, VF_LANES), &h0, &h1);
-                st32_eo_seq(dx, i, h0, h1, nt, half, &prev);
+                st_eo2_seq(dx, i, h0, h1, nt, half, &prev);
             }
             continue;
         }
@@ -403,9 +415,9 @@ INLINE void gstats_redo_columns(const void *dy, const void *x, int64_t rows, int
  * index use the first parameter set, odd blocks the second ---- */
 
 /* sh: shift lanes lo, hi of even blocks, then of odd blocks */
-INLINE void stats_flat_ps(const void *x, int64_t n, const vd *sh, int dt, acc8 *ea, acc8 *oa)
+INLINE void stats_flat_ps(const void *x, int64_t n, const vd *sh, int dt, accf *ea, accf *oa)
 {
-    acc8 a = acc8_zero(), b = acc8_zero();
+    accf a = accf_zero(), b = accf_zero();
     int64_t i = 0;
     for (; i + 2 * VF_LANES <= n; i += 2 * VF_LANES) {
         prefetch_ahead_of(x, i, dt);
@@ -443,7 +455,7 @@ INLINE void stats_flat_ps(const void *x, int64_t n, const vd *sh, int dt, acc8 *
  * comes off in double, as sum g (x - mhi) - mlo sum g, which is more
  * accurate than subtracting it from every element and takes one float
  * subtraction less per element. */
-INLINE void gstats_tree_step(acc8 *a, const vf *g, const vf *u, vf mlo)
+INLINE void gstats_tree_step(accf *a, const vf *g, const vf *u, vf mlo)
 {
     vf t1 = tree8(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]), t2 = dot_tree8(g, u);
     vd t1lo = vf_lo_pd(t1), t1hi = vf_hi_pd(t1);
@@ -457,9 +469,9 @@ INLINE void gstats_tree_step(acc8 *a, const vf *g, const vf *u, vf mlo)
  * vector pairs (TREE_SPAN elements) in float first (the fast way); 0 forms every product and sum in
  * double (for sums that left float's range, see needs_double). */
 INLINE void gstats_flat_ps(const void *dy, const void *x, int64_t n, const vf *m, int dt, int tree,
-                           acc8 *ea, acc8 *oa)
+                           accf *ea, accf *oa)
 {
-    acc8 a = acc8_zero(), b = acc8_zero();
+    accf a = accf_zero(), b = accf_zero();
     int64_t i = 0;
     for (; tree && i + TREE_SPAN <= n; i += TREE_SPAN) {
         vf g[8], d[8];
@@ -557,7 +569,7 @@ INLINE void lanes_ps(const float *v, int64_t w, vf *even, vf *odd)
 
 /* Adds the sums and the sums of squares of 8 vectors d, pairwise in float,
  * to a (widened once) */
-INLINE void stats_block_add(acc8 *a, const vf *d)
+INLINE void stats_block_add(accf *a, const vf *d)
 {
     vf t1 = tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
     vf t2 = sq_tree8(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
@@ -572,7 +584,7 @@ INLINE void stats_run_pd(const void *x, int64_t n, double shift, double *acc, in
 {
     vd s = vd_set1(shift);
     const vd sh[4] = {s, s, s, s};
-    acc8 a, b;
+    accf a, b;
     stats_flat_ps(x, n, sh, dt, &a, &b);
     acc[0] = vd_hsum(vd_add(vd_add(a.s1lo, a.s1hi), vd_add(b.s1lo, b.s1hi)));
     acc[1] = vd_hsum(vd_add(vd_add(a.s2lo, a.s2hi), vd_add(b.s2lo, b.s2hi)));
@@ -594,7 +606,7 @@ INLINE void stats_run_ps(const void *x, int64_t n, double shift, double *acc, in
     }
     const float kf = (float)shift;
     const vf k = vf_set1(kf);
-    acc8 a = acc8_zero();
+    accf a = accf_zero();
     int64_t i = 0;
     for (; i + 8 * VF_LANES <= n; i += 8 * VF_LANES) {
         /* once a 64-byte line */
@@ -787,16 +799,13 @@ INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *
         return;
     }
     if ((2 * VF_LANES) % w == 0) {
-        double t[2 * VF_LANES], s1[2 * VF_LANES], s2[2 * VF_LANES];
+        double t[2 * VF_LANES];
         for (int l = 0; l < 2 * VF_LANES; l++) t[l] = shift[l % w];
         const vd sh[4] = {vd_load(t), vd_load(t + VD_LANES), vd_load(t + VF_LANES),
                           vd_load(t + VF_LANES + VD_LANES)};
-        acc8 a, b;
+        accf a, b;
         stats_flat_ps(x, rows * w, sh, dt, &a, &b);
-        acc8_store(&a, s1, s2);
-        acc8_store(&b, s1 + VF_LANES, s2 + VF_LANES);
-        fold_lanes(s1, 2 * VF_LANES, w, acc);
-        fold_lanes(s2, 2 * VF_LANES, w, acc + w);
+        fold_accf(&a, &b, w, acc);
         return;
     }
     /* Full VF_LANES-column blocks accumulate in acc (L1-resident, two rows per
@@ -804,7 +813,7 @@ INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *
      * so its sums stay in registers. */
     const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
-    acc8 t = acc8_zero();
+    accf t = accf_zero();
     vd tlo = vd_zero(), thi = vd_zero();
     if (cnt > 0) tlo = vd_load_part(shift + full, vd_mask_first(cnt));
     if (cnt > VD_LANES) thi = vd_load_part(shift + full + VD_LANES, vd_mask_first(cnt - VD_LANES));
@@ -812,11 +821,11 @@ INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *
     for (; r + 2 <= rows; r += 2) {
         const int64_t o0 = r * w, o1 = o0 + w;
         for (int64_t j = 0; j < full; j += VF_LANES) {
-            acc8 c = acc8_load(acc + j, acc + w + j);
+            accf c = accf_load(acc + j, acc + w + j);
             vd slo = vd_load(shift + j), shi = vd_load(shift + j + VD_LANES);
             stats_step(&c, vd_ld_widen(x, o0 + j, dt), vd_ld_widen(x, o0 + j + VD_LANES, dt), slo, shi);
             stats_step(&c, vd_ld_widen(x, o1 + j, dt), vd_ld_widen(x, o1 + j + VD_LANES, dt), slo, shi);
-            acc8_store(&c, acc + j, acc + w + j);
+            accf_store(&c, acc + j, acc + w + j);
         }
         if (cnt) {
             vf v0 = vf_ld_part(x, o0 + full, cnt, n - o0 - full, dt);
@@ -828,17 +837,17 @@ INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *
     if (r < rows) {
         const int64_t o0 = r * w;
         for (int64_t j = 0; j < full; j += VF_LANES) {
-            acc8 c = acc8_load(acc + j, acc + w + j);
+            accf c = accf_load(acc + j, acc + w + j);
             stats_step(&c, vd_ld_widen(x, o0 + j, dt), vd_ld_widen(x, o0 + j + VD_LANES, dt),
                        vd_load(shift + j), vd_load(shift + j + VD_LANES));
-            acc8_store(&c, acc + j, acc + w + j);
+            accf_store(&c, acc + j, acc + w + j);
         }
         if (cnt) {
             vf v0 = vf_ld_part(x, o0 + full, cnt, n - o0 - full, dt);
             stats_step(&t, vf_lo_pd(v0), vf_hi_pd(v0), tlo, thi);
         }
     }
-    if (cnt) acc8_store_part(&t, acc + full, acc + w + full, cnt);
+    if (cnt) accf_store_part(&t, acc + full, acc + w + full, cnt);
 }
 
 /* A run: q as apply_flat_ps's, both sets the same.  bfloat16 goes 2 VF_LANES
@@ -885,6 +894,35 @@ INLINE void apply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32
     apply_uni_ps(x, y, n, q, dt);
 }
 
+/* Rows of any width, column block by column block with a masked tail.  nt:
+ * the blocks' stores non-temporal (rows as rows_stream_ok in bn_route.c
+ * allows, whose tails stay within the row: avail is then cnt). */
+INLINE void apply_cols_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt, int nt)
+{
+    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
+    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm;
+    if (cnt) {
+        vf_mask mk = vf_mask_first(cnt);
+        tm = vf_load_part(p->mhi + full, mk);
+        tl = vf_load_part(p->mlo + full, mk);
+        ta = vf_load_part(p->alpha + full, mk);
+        tb = vf_load_part(p->beta + full, mk);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += VF_LANES) {
+            vf v = apply_ps(vf_ld(x, o + j, dt), vf_load(p->mhi + j), vf_load(p->mlo + j),
+                                vf_load(p->alpha + j), vf_load(p->beta + j));
+            if (nt) vf_st_nt(y, o + j, v, dt);
+            else vf_st(y, o + j, v, dt);
+        }
+        if (cnt) {
+            vf v = vf_ld_part(x, o + full, cnt, nt ? cnt : n - o - full, dt);
+            vf_st_part(y, o + full, apply_ps(v, tm, tl, ta, tb), cnt, dt);
+        }
+    }
+}
+
 INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
 {
     if (w <= 0) return;
@@ -901,28 +939,7 @@ INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const
         apply_rows_eo(x, y, rows, w, p, 0);
         return;
     }
-    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
-    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm;
-    if (cnt) {
-        vf_mask mk = vf_mask_first(cnt);
-        tm = vf_load_part(p->mhi + full, mk);
-        tl = vf_load_part(p->mlo + full, mk);
-        ta = vf_load_part(p->alpha + full, mk);
-        tb = vf_load_part(p->beta + full, mk);
-    }
-    int64_t r = 0;
-    for (; r < rows; r++) {
-        const int64_t o = r * w;
-        for (int64_t j = 0; j < full; j += VF_LANES) {
-            vf v = apply_ps(vf_ld(x, o + j, dt), vf_load(p->mhi + j), vf_load(p->mlo + j),
-                                vf_load(p->alpha + j), vf_load(p->beta + j));
-            vf_st(y, o + j, v, dt);
-        }
-        if (cnt) {
-            vf v = vf_ld_part(x, o + full, cnt, n - o - full, dt);
-            vf_st_part(y, o + full, apply_ps(v, tm, tl, ta, tb), cnt, dt);
-        }
-    }
+    apply_cols_ps(x, y, rows, w, p, dt, 0);
 }
 
 /* The gradient sums of `runs` runs of n elements, `stride` apart, with
@@ -936,7 +953,7 @@ COLD void gstats_runs_pd(const void *dy, const void *x, int64_t n, int64_t runs,
     const size_t step = (size_t)stride * (dt ? 2 : 4);
     vd s1 = vd_zero(), s2 = vd_zero();
     for (int64_t k = 0; k < runs; k++) {
-        acc8 a, b;
+        accf a, b;
         gstats_flat_ps((const char *)dy + k * step, (const char *)x + k * step, n, q, dt, 0, &a, &b);
         s1 = vd_add(s1, vd_add(vd_add(a.s1lo, a.s1hi), vd_add(b.s1lo, b.s1hi)));
         s2 = vd_add(s2, vd_add(vd_add(a.s2lo, a.s2hi), vd_add(b.s2lo, b.s2hi)));
@@ -955,7 +972,7 @@ INLINE void gstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_g
 {
     vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
     const vf q[4] = {m, l, m, l};
-    acc8 a, b;
+    accf a, b;
     gstats_flat_ps(dy, x, n, q, dt, 1, &a, &b);
     acc[0] = vd_hsum(vd_add(vd_add(a.s1lo, a.s1hi), vd_add(b.s1lo, b.s1hi)));
     acc[1] = vd_hsum(vd_add(vd_add(a.s2lo, a.s2hi), vd_add(b.s2lo, b.s2hi)));
@@ -972,21 +989,17 @@ INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t 
     }
     if ((2 * VF_LANES) % w == 0) {
         vf q[4];
-        double s1[2 * VF_LANES], s2[2 * VF_LANES];
         lanes_ps(p->mhi, w, &q[0], &q[2]);
         lanes_ps(p->mlo, w, &q[1], &q[3]);
-        acc8 a, b;
+        accf a, b;
         gstats_flat_ps(dy, x, rows * w, q, dt, 1, &a, &b);
-        acc8_store(&a, s1, s2);
-        acc8_store(&b, s1 + VF_LANES, s2 + VF_LANES);
-        fold_lanes(s1, 2 * VF_LANES, w, acc);
-        fold_lanes(s2, 2 * VF_LANES, w, acc + w);
+        fold_accf(&a, &b, w, acc);
         if (rows * w >= TREE_SPAN) gstats_redo_columns(dy, x, rows, w, p, acc, dt);
         return;
     }
     const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
-    acc8 t = acc8_zero();
+    accf t = accf_zero();
     vf tm = vf_zero(), tl = tm;
     if (cnt) {
         vf_mask mk = vf_mask_first(cnt);
@@ -997,11 +1010,11 @@ INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t 
     for (; r + 2 <= rows; r += 2) {
         const int64_t o0 = r * w, o1 = o0 + w;
         for (int64_t j = 0; j < full; j += VF_LANES) {
-            acc8 c = acc8_load(acc + j, acc + w + j);
+            accf c = accf_load(acc + j, acc + w + j);
             vf m = vf_load(p->mhi + j), l = vf_load(p->mlo + j);
             gstats_step(&c, vf_ld(dy, o0 + j, dt), centered_ps(vf_ld(x, o0 + j, dt), m, l));
             gstats_step(&c, vf_ld(dy, o1 + j, dt), centered_ps(vf_ld(x, o1 + j, dt), m, l));
-            acc8_store(&c, acc + j, acc + w + j);
+            accf_store(&c, acc + j, acc + w + j);
         }
         if (cnt) {
             gstats_step(&t, vf_ld_part(dy, o0 + full, cnt, n - o0 - full, dt),
@@ -1013,17 +1026,17 @@ INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t 
     if (r < rows) {
         const int64_t o0 = r * w;
         for (int64_t j = 0; j < full; j += VF_LANES) {
-            acc8 c = acc8_load(acc + j, acc + w + j);
+            accf c = accf_load(acc + j, acc + w + j);
             vf m = vf_load(p->mhi + j), l = vf_load(p->mlo + j);
             gstats_step(&c, vf_ld(dy, o0 + j, dt), centered_ps(vf_ld(x, o0 + j, dt), m, l));
-            acc8_store(&c, acc + j, acc + w + j);
+            accf_store(&c, acc + j, acc + w + j);
         }
         if (cnt) {
             gstats_step(&t, vf_ld_part(dy, o0 + full, cnt, n - o0 - full, dt),
                         centered_ps(vf_ld_part(x, o0 + full, cnt, n - o0 - full, dt), tm, tl));
         }
     }
-    if (cnt) acc8_store_part(&t, acc + full, acc + w + full, cnt);
+    if (cnt) accf_store_part(&t, acc + full, acc + w + full, cnt);
 }
 
 /* A run, as apply_uni_ps: q as gapply_flat_ps's, both sets the same */
@@ -1070,6 +1083,38 @@ INLINE void gapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, co
     gapply_uni_ps(dy, x, dx, n, q, dt);
 }
 
+/* Rows of any width, as apply_cols_ps */
+INLINE void gapply_cols_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                           int dt, int nt)
+{
+    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
+    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm, tc = tm;
+    if (cnt) {
+        vf_mask mk = vf_mask_first(cnt);
+        tm = vf_load_part(p->mhi + full, mk);
+        tl = vf_load_part(p->mlo + full, mk);
+        ta = vf_load_part(p->a + full, mk);
+        tb = vf_load_part(p->b + full, mk);
+        tc = vf_load_part(p->c + full, mk);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        for (int64_t j = 0; j < full; j += VF_LANES) {
+            vf v = gapply_ps(vf_ld(dy, o + j, dt), vf_ld(x, o + j, dt), vf_load(p->mhi + j),
+                                 vf_load(p->mlo + j), vf_load(p->a + j), vf_load(p->b + j),
+                                 vf_load(p->c + j));
+            if (nt) vf_st_nt(dx, o + j, v, dt);
+            else vf_st(dx, o + j, v, dt);
+        }
+        if (cnt) {
+            const int64_t avail = nt ? cnt : n - o - full;
+            vf g = vf_ld_part(dy, o + full, cnt, avail, dt);
+            vf v = vf_ld_part(x, o + full, cnt, avail, dt);
+            vf_st_part(dx, o + full, gapply_ps(g, v, tm, tl, ta, tb, tc), cnt, dt);
+        }
+    }
+}
+
 INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
                            int dt)
 {
@@ -1088,31 +1133,7 @@ INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows
         gapply_rows_eo(dy, x, dx, rows, w, p, 0);
         return;
     }
-    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
-    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm, tc = tm;
-    if (cnt) {
-        vf_mask mk = vf_mask_first(cnt);
-        tm = vf_load_part(p->mhi + full, mk);
-        tl = vf_load_part(p->mlo + full, mk);
-        ta = vf_load_part(p->a + full, mk);
-        tb = vf_load_part(p->b + full, mk);
-        tc = vf_load_part(p->c + full, mk);
-    }
-    int64_t r = 0;
-    for (; r < rows; r++) {
-        const int64_t o = r * w;
-        for (int64_t j = 0; j < full; j += VF_LANES) {
-            vf v = gapply_ps(vf_ld(dy, o + j, dt), vf_ld(x, o + j, dt), vf_load(p->mhi + j),
-                                 vf_load(p->mlo + j), vf_load(p->a + j), vf_load(p->b + j),
-                                 vf_load(p->c + j));
-            vf_st(dx, o + j, v, dt);
-        }
-        if (cnt) {
-            vf g = vf_ld_part(dy, o + full, cnt, n - o - full, dt);
-            vf v = vf_ld_part(x, o + full, cnt, n - o - full, dt);
-            vf_st_part(dx, o + full, gapply_ps(g, v, tm, tl, ta, tb, tc), cnt, dt);
-        }
-    }
+    gapply_cols_ps(dy, x, dx, rows, w, p, dt, 0);
 }
 
 /* ---- non-temporal stores (f32, f16, bf16 storage) ----
@@ -1125,7 +1146,7 @@ INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows
 
 /* elements before p reaches VF_NT_MIN_ALIGN-byte alignment (p is
  * element-aligned) */
-INLINE int64_t peel16(const void *p, int64_t n, int dt)
+INLINE int64_t peel_nt(const void *p, int64_t n, int dt)
 {
     int64_t k = (int64_t)((VF_NT_MIN_ALIGN - ((uintptr_t)p % VF_NT_MIN_ALIGN)) % VF_NT_MIN_ALIGN) / (dt ? 2 : 4);
     return k < n ? k : n;
@@ -1155,7 +1176,7 @@ INLINE void apply_run_nt_ps(const void *x, void *y, int64_t n, const cfbn_apply_
 {
     vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
     vf a = vf_set1(p->alpha[0]), b = vf_set1(p->beta[0]);
-    int64_t i = peel16(y, n, dt);
+    int64_t i = peel_nt(y, n, dt);
     if (i) vf_st_part(y, 0, apply_ps(vf_ld_part(x, 0, i, n, dt), m, l, a, b), i, dt);
     if (!dt && nt_aligned(y, i, dt))
         for (; i + VF_LANES <= n; i += VF_LANES)
@@ -1188,28 +1209,8 @@ INLINE void apply_run_nt_ps(const void *x, void *y, int64_t n, const cfbn_apply_
  * (rows_stream_ok in bn_route.c; VF_NT_MIN_ALIGN is at most 16) */
 INLINE void apply_rows_nt_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
 {
-    if (eo_rows(dt, w)) {
-        apply_rows_eo(x, y, rows, w, p, 1);
-        stream_fence();
-        return;
-    }
-    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full;
-    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm;
-    if (cnt) {
-        vf_mask mk = vf_mask_first(cnt);
-        tm = vf_load_part(p->mhi + full, mk);
-        tl = vf_load_part(p->mlo + full, mk);
-        ta = vf_load_part(p->alpha + full, mk);
-        tb = vf_load_part(p->beta + full, mk);
-    }
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t o = r * w;
-        for (int64_t j = 0; j < full; j += VF_LANES) {
-            vf_st_nt(y, o + j, apply_ps(vf_ld(x, o + j, dt), vf_load(p->mhi + j), vf_load(p->mlo + j),
-                                      vf_load(p->alpha + j), vf_load(p->beta + j)), dt);
-        }
-        if (cnt) vf_st_part(y, o + full, apply_ps(vf_ld_part(x, o + full, cnt, cnt, dt), tm, tl, ta, tb), cnt, dt);
-    }
+    if (eo_rows(dt, w)) apply_rows_eo(x, y, rows, w, p, 1);
+    else apply_cols_ps(x, y, rows, w, p, dt, 1);
     stream_fence();
 }
 
@@ -1217,7 +1218,7 @@ INLINE void gapply_run_nt_ps(const void *dy, const void *x, void *dx, int64_t n,
 {
     vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
     vf a = vf_set1(p->a[0]), b = vf_set1(p->b[0]), c = vf_set1(p->c[0]);
-    int64_t i = peel16(dx, n, dt);
+    int64_t i = peel_nt(dx, n, dt);
     if (i) vf_st_part(dx, 0, gapply_ps(vf_ld_part(dy, 0, i, n, dt), vf_ld_part(x, 0, i, n, dt), m, l, a, b, c), i, dt);
     if (!dt && nt_aligned(dx, i, dt))
         for (; i + VF_LANES <= n; i += VF_LANES)
@@ -1251,39 +1252,7 @@ INLINE void gapply_run_nt_ps(const void *dy, const void *x, void *dx, int64_t n,
 INLINE void gapply_rows_nt_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
                               const cfbn_grad_f32 *p, int dt)
 {
-    if (eo_rows(dt, w)) {
-        gapply_rows_eo(dy, x, dx, rows, w, p, 1);
-        stream_fence();
-        return;
-    }
-    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full;
-    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm, tc = tm;
-    if (cnt) {
-        vf_mask mk = vf_mask_first(cnt);
-        tm = vf_load_part(p->mhi + full, mk);
-        tl = vf_load_part(p->mlo + full, mk);
-        ta = vf_load_part(p->a + full, mk);
-        tb = vf_load_part(p->b + full, mk);
-        tc = vf_load_part(p->c + full, mk);
-    }
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t o = r * w;
-        for (int64_t j = 0; j < full; j += VF_LANES) {
-            vf_st_nt(dx, o + j, gapply_ps(vf_ld(dy, o + j, dt), vf_ld(x, o + j, dt), vf_load(p->mhi + j),
-                                        vf_load(p->mlo + j), vf_load(p->a + j),
-                                        vf_load(p->b + j), vf_load(p->c + j)), dt);
-        }
-        if (cnt)
-            vf_st_part(dx, o + full, gapply_ps(vf_ld_part(dy, o + full, cnt, cnt, dt), vf_ld_part(x, o + full, cnt, cnt, dt),
-                                            tm, tl, ta, tb, tc), cnt, dt);
-    }
+    if (eo_rows(dt, w)) gapply_rows_eo(dy, x, dx, rows, w, p, 1);
+    else gapply_cols_ps(dy, x, dx, rows, w, p, dt, 1);
     stream_fence();
-}
-
-
-/* streaming pays only with whole aligned rows */
-INLINE int rows_stream_ok(const float *out, int64_t w)
-{
-    const int64_t bytes = w * (int64_t)sizeof(float);
-    return (uintptr_t)out % VF_NT_MIN_ALIGN == 0 && bytes % VF_NT_MIN_ALIGN == 0 && bytes >= 64;
 }

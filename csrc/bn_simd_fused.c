@@ -2,7 +2,7 @@
  * loop: the *_fused entries) and the loops over several runs of a channel
  * (the *_runs and *_runs_fused entries), written once for every ISA over the
  * float primitives of the ISA's header (vf, VF_LANES, vf_ld, vf_blend, ...)
- * and the plain loops' helpers (apply_ps, gstats_step, acc8, lanes_ps, ...),
+ * and the plain loops' helpers (apply_ps, gstats_step, accf, lanes_ps, ...),
  * which the including file has defined before it.  Nothing here names an
  * instruction set.  The storage type dt is a constant of each entry, as in
  * the plain loops (bn_entries.h); EXTRA_ENTRIES and EXTRA_TABLE make the
@@ -208,7 +208,7 @@ INLINE void col_params_ps(const float *const *v, int k, int64_t j, vf *out)
  * 16-byte aligned at every vector, as vf_st_nt needs and the plain *_nt
  * kernels write when the router asks for streaming); tails use regular
  * stores. */
-INLINE void st8_out(void *p, int64_t i, vf v, int dt, int nt)
+INLINE void st_out(void *p, int64_t i, vf v, int dt, int nt)
 {
     if (nt) vf_st_nt(p, i, v, dt);
     else vf_st(p, i, v, dt);
@@ -243,20 +243,20 @@ INLINE void fapply_flat_ps(const void *x, const void *side, void *y, int64_t n, 
         vf x2 = vf_ld(x, i + 2 * VF_LANES, dt), x3 = vf_ld(x, i + 3 * VF_LANES, dt);
         vf s0 = hs ? vf_ld(side, i, dt) : z, s1 = hs ? vf_ld(side, i + VF_LANES, dt) : z;
         vf s2 = hs ? vf_ld(side, i + 2 * VF_LANES, dt) : z, s3 = hs ? vf_ld(side, i + 3 * VF_LANES, dt) : z;
-        st8_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
-        st8_out(y, i + VF_LANES, act_ps(fused_pre_ps(x1, s1, q + 4, hs), kind, al), dt, nt);
-        st8_out(y, i + 2 * VF_LANES, act_ps(fused_pre_ps(x2, s2, q, hs), kind, al), dt, nt);
-        st8_out(y, i + 3 * VF_LANES, act_ps(fused_pre_ps(x3, s3, q + 4, hs), kind, al), dt, nt);
+        st_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
+        st_out(y, i + VF_LANES, act_ps(fused_pre_ps(x1, s1, q + 4, hs), kind, al), dt, nt);
+        st_out(y, i + 2 * VF_LANES, act_ps(fused_pre_ps(x2, s2, q, hs), kind, al), dt, nt);
+        st_out(y, i + 3 * VF_LANES, act_ps(fused_pre_ps(x3, s3, q + 4, hs), kind, al), dt, nt);
     }
     for (; i + 2 * VF_LANES <= n; i += 2 * VF_LANES) {
         vf x0 = vf_ld(x, i, dt), x1 = vf_ld(x, i + VF_LANES, dt);
         vf s0 = hs ? vf_ld(side, i, dt) : z, s1 = hs ? vf_ld(side, i + VF_LANES, dt) : z;
-        st8_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
-        st8_out(y, i + VF_LANES, act_ps(fused_pre_ps(x1, s1, q + 4, hs), kind, al), dt, nt);
+        st_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
+        st_out(y, i + VF_LANES, act_ps(fused_pre_ps(x1, s1, q + 4, hs), kind, al), dt, nt);
     }
     if (i + VF_LANES <= n) {
         vf x0 = vf_ld(x, i, dt), s0 = hs ? vf_ld(side, i, dt) : z;
-        st8_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
+        st_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
         i += VF_LANES;
     }
     if (i < n) {
@@ -283,7 +283,7 @@ INLINE void fapply_rows_w_ps(const void *x, const void *side, void *y, int64_t r
             vf q[4];
             col_params_ps(v, 4, j, q);
             vf x0 = vf_ld(x, o + j, dt), s0 = hs ? vf_ld(side, o + j, dt) : z;
-            st8_out(y, o + j, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
+            st_out(y, o + j, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
         }
         if (cnt) {
             const int64_t av = n - o - full;
@@ -381,10 +381,10 @@ INLINE void st_g_part(void *go, int64_t i, vf g, int64_t cnt, int dt)
 
 /* q: mhi, mlo, ya, yb of even blocks, then of odd blocks */
 INLINE void fgstats_flat_ps(const void *dy, const void *x, const void *side, void *go, int64_t n, const vf *q,
-                            int kind, int hs, vf al, int dt, acc8 *ea, acc8 *oa)
+                            int kind, int hs, vf al, int dt, accf *ea, accf *oa)
 {
     const vf z = vf_zero();
-    acc8 a = acc8_zero(), b = acc8_zero();
+    accf a = accf_zero(), b = accf_zero();
     int64_t i = 0;
     for (; i + 2 * VF_LANES <= n; i += 2 * VF_LANES) {
         prefetch_ahead_of(x, i, dt);
@@ -424,14 +424,14 @@ INLINE void fgstats_flat_ps(const void *dy, const void *x, const void *side, voi
     *oa = b;
 }
 
-INLINE void acc8_add_to(const acc8 *a, double *s1, double *s2)
+INLINE void accf_add_to(const accf *a, double *s1, double *s2)
 {
-    acc8 c = acc8_load(s1, s2);
+    accf c = accf_load(s1, s2);
     c.s1lo = vd_add(c.s1lo, a->s1lo);
     c.s1hi = vd_add(c.s1hi, a->s1hi);
     c.s2lo = vd_add(c.s2lo, a->s2lo);
     c.s2hi = vd_add(c.s2hi, a->s2hi);
-    acc8_store(&c, s1, s2);
+    accf_store(&c, s1, s2);
 }
 
 /* rows of a width that 2 VF_LANES does not divide: blocks of FUSED_ROWS
@@ -450,7 +450,7 @@ INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, i
     vf t[4];
     tail_params_ps(v, 4, full, cnt, t);
     memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
-    acc8 ta = acc8_zero();
+    accf ta = accf_zero();
     int64_t r = 0;
     while (r < rows) {
         const int64_t kr = rows - r < FUSED_ROWS ? rows - r : FUSED_ROWS, o = r * w;
@@ -462,7 +462,7 @@ INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, i
                 prefetch_group_l2(x, o, j, es);
                 if (go) prefetch_group_l2(go, o, j, es);
             }
-            acc8 c = acc8_zero();
+            accf c = accf_zero();
             for (int64_t k = 0; k < kr; k++) {
                 const int64_t e = o + k * w + j;
                 vf x0 = vf_ld(x, e, dt), s0 = hs ? vf_ld(side, e, dt) : z;
@@ -470,7 +470,7 @@ INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, i
                 st_g(go, e, g, dt);
                 gstats_step(&c, g, centered_ps(x0, q[0], q[1]));
             }
-            acc8_add_to(&c, acc + j, acc + w + j);
+            accf_add_to(&c, acc + j, acc + w + j);
         }
         if (cnt) {
             for (int64_t k = 0; k < kr; k++) {
@@ -483,7 +483,7 @@ INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, i
         }
         r += kr;
     }
-    if (cnt) acc8_store_part(&ta, acc + full, acc + w + full, cnt);
+    if (cnt) accf_store_part(&ta, acc + full, acc + w + full, cnt);
 }
 
 /* Fused gradient sums in float blocks, as the plain kernels sum (8 rows, or
@@ -581,7 +581,7 @@ INLINE void fgstats_tree_vec(const void *dy, const void *x, const void *side, vo
                              int kind, int hs, vf al, int dt, vd *v1, vd *v2)
 {
     const vf z = vf_zero();
-    acc8 a = acc8_zero(), b = acc8_zero(), e, o;
+    accf a = accf_zero(), b = accf_zero(), e, o;
     int64_t i = 0;
     for (; i + FTREE_STRETCH <= n; i += FTREE_STRETCH) {
         vf g[TREE_VECS], d[TREE_VECS];
@@ -645,7 +645,6 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
     }
     if ((2 * VF_LANES) % w == 0) {
         vf q[8];
-        double s1[2 * VF_LANES], s2[2 * VF_LANES];
         lanes_ps(p->mhi, w, &q[0], &q[4]);
         lanes_ps(p->mlo, w, &q[1], &q[5]);
         q[2] = q[3] = q[6] = q[7] = vf_zero();
@@ -655,14 +654,11 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
         }
         /* zero for a code outside enum cfbn_activation, which reaches no
          * call below (and -Wmaybe-uninitialized sees that path) */
-        acc8 e = acc8_zero(), o = acc8_zero();
+        accf e = accf_zero(), o = accf_zero();
 #define FGSTATS_FLAT(k) fgstats_flat_ps(dy, x, side, p->g_out, rows * w, q, k, side != NULL, al, dt, &e, &o)
         FUSED_SPECIALIZE(p->act, side, FGSTATS_FLAT)
 #undef FGSTATS_FLAT
-        acc8_store(&e, s1, s2);
-        acc8_store(&o, s1 + VF_LANES, s2 + VF_LANES);
-        fold_lanes(s1, 2 * VF_LANES, w, acc);
-        fold_lanes(s2, 2 * VF_LANES, w, acc + w);
+        fold_accf(&e, &o, w, acc);
         return;
     }
 #define FGSTATS_ROWS(k) fgstats_rows_w_ps(dy, x, side, rows, w, p, k, side != NULL, al, dt, acc)
@@ -684,17 +680,17 @@ INLINE void fgapply_flat_ps(const void *dy, const void *x, const void *side, voi
         vf g0 = fused_g_ps(vf_ld(dy, i, dt), x0, s0, q, kind, hs, al);
         vf g1 = fused_g_ps(vf_ld(dy, i + VF_LANES, dt), x1, s1, q + 7, kind, hs, al);
         if (sg) {
-            st8_out(sg, i, g0, dt, nt);
-            st8_out(sg, i + VF_LANES, g1, dt, nt);
+            st_out(sg, i, g0, dt, nt);
+            st_out(sg, i + VF_LANES, g1, dt, nt);
         }
-        st8_out(dx, i, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), dt, nt);
-        st8_out(dx, i + VF_LANES, gapply_ps(g1, x1, q[7], q[8], q[11], q[12], q[13]), dt, nt);
+        st_out(dx, i, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), dt, nt);
+        st_out(dx, i + VF_LANES, gapply_ps(g1, x1, q[7], q[8], q[11], q[12], q[13]), dt, nt);
     }
     if (i + VF_LANES <= n) {
         vf x0 = vf_ld(x, i, dt), s0 = hs ? vf_ld(side, i, dt) : z;
         vf g0 = fused_g_ps(vf_ld(dy, i, dt), x0, s0, q, kind, hs, al);
-        if (sg) st8_out(sg, i, g0, dt, nt);
-        st8_out(dx, i, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), dt, nt);
+        if (sg) st_out(sg, i, g0, dt, nt);
+        st_out(dx, i, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), dt, nt);
         i += VF_LANES;
     }
     if (i < n) {
@@ -856,7 +852,7 @@ INLINE int64_t gstats_runs8_ps(const void *dy, const void *x, const void *side, 
     const vf tm = vf_keep(q[0], mk), tl = vf_keep(q[1], mk);
     int64_t k = 0;
     for (; k + TREE_VECS <= runs; k += TREE_VECS) {
-        acc8 a = acc8_zero();
+        accf a = accf_zero();
         vf g[TREE_VECS], d[TREE_VECS];
         for (int64_t i = 0; i < full; i += VF_LANES) {
             for (int r = 0; r < TREE_VECS; r++) {
@@ -895,7 +891,7 @@ INLINE void gstats_runs_ps(const void *dy, const void *x, int64_t n, const cfbn_
         k = gstats_runs8_ps(dy, x, NULL, NULL, n, p->runs, st, q, CFBN_ACT_NONE, 0, vf_zero(), dt, &s1,
                             &s2);
     for (; k < p->runs; k++) {
-        acc8 a, b;
+        accf a, b;
         prefetch_next_run(elem_at(dy, k * st, dt), n * (dt ? 2 : 4));
         prefetch_next_run(elem_at(x, k * st, dt), n * (dt ? 2 : 4));
         gstats_flat_ps(elem_at(dy, k * st, dt), elem_at(x, k * st, dt), n, q, dt, 1, &a, &b);
@@ -943,7 +939,7 @@ INLINE void stats_runs_ps(const void *x, int64_t n, int64_t runs, int64_t st, do
      * masked to 0 */
     const vf tk = vf_keep(k, vf_mask_first(cnt));
     const vf_mask last = vf_mask_last(cnt);
-    acc8 a = acc8_zero();
+    accf a = accf_zero();
     int64_t r = 0;
     for (; r + TREE_VECS <= runs; r += TREE_VECS) {
         vf d[TREE_VECS];

@@ -3,7 +3,7 @@
  * VF_LANES, vd and VD_LANES, masks, loads and stores of each storage type,
  * ...), which the including file has included, together with the loops
  * these call from the plain and fused regions (fold_lanes, needs_double,
- * any_suspect, ld1, lanes_ps, centered_ps, st8_out, ...).  Nothing here
+ * any_suspect, ld1, lanes_ps, centered_ps, st_out, ...).  Nothing here
  * names an instruction set; the loop names exist once and are static in
  * each ISA's translation unit.
  *
@@ -481,10 +481,10 @@ INLINE void ggapply_pair_ps(const void *dy, const void *x, const void *ggx, void
     ggapply_ps(vf_ld(dy, e, dt), vf_ld(ggx, e, dt), vf_ld(x, e, dt), c0, &y0, &x0);
     ggapply_ps(vf_ld(dy, e + VF_LANES, dt), vf_ld(ggx, e + VF_LANES, dt), vf_ld(x, e + VF_LANES, dt), c1, &y1,
                &x1);
-    st8_out(ddy, e, y0, dt, nt);
-    st8_out(ddy, e + VF_LANES, y1, dt, nt);
-    st8_out(dx, e, x0, dt, nt);
-    st8_out(dx, e + VF_LANES, x1, dt, nt);
+    st_out(ddy, e, y0, dt, nt);
+    st_out(ddy, e + VF_LANES, y1, dt, nt);
+    st_out(dx, e, x0, dt, nt);
+    st_out(dx, e + VF_LANES, x1, dt, nt);
 }
 
 /* n elements whose lane l of every VF_LANES has the parameters of lane l
@@ -498,8 +498,8 @@ INLINE void ggapply_flat_ps(const void *dy, const void *x, const void *ggx, void
     if (i + VF_LANES <= n) {
         vf vy, vx;
         ggapply_ps(vf_ld(dy, i, dt), vf_ld(ggx, i, dt), vf_ld(x, i, dt), c, &vy, &vx);
-        st8_out(ddy, i, vy, dt, nt);
-        st8_out(dx, i, vx, dt, nt);
+        st_out(ddy, i, vy, dt, nt);
+        st_out(dx, i, vx, dt, nt);
         i += VF_LANES;
     }
     if (i < n) {
@@ -532,7 +532,7 @@ INLINE void ggapply_run_ps(const void *dy, const void *x, const void *ggx, void 
     const int nt = p->stream && dt == CFBN_F32 && (((uintptr_t)ddy ^ (uintptr_t)dx) & 15) == 0;
     int64_t i = 0;
     if (nt) {
-        i = peel16(ddy, n, dt);
+        i = peel_nt(ddy, n, dt);
         ggapply_flat_ps(dy, x, ggx, ddy, dx, i, c, dt, 0);
     }
     ggapply_flat_ps(elem_at(dy, i, dt), elem_at(x, i, dt), elem_at(ggx, i, dt), (void *)elem_at(ddy, i, dt),
@@ -599,8 +599,8 @@ INLINE void ggapply_rows_ps(const void *dy, const void *x, const void *ggx, void
                 const int64_t e = (r + k) * w + j;
                 vf vy, vx;
                 ggapply_ps(vf_ld(dy, e, dt), vf_ld(ggx, e, dt), vf_ld(x, e, dt), c, &vy, &vx);
-                st8_out(ddy, e, vy, dt, nt);
-                st8_out(dx, e, vx, dt, nt);
+                st_out(ddy, e, vy, dt, nt);
+                st_out(dx, e, vx, dt, nt);
             }
         }
         for (int64_t k = 0; k < kr && cnt; k++) {
@@ -621,43 +621,25 @@ CFBN_GG_ENTRIES(f32, CFBN_F32, ps)
 CFBN_GG_ENTRIES(f16, CFBN_F16, ps)
 CFBN_GG_ENTRIES(bf16, CFBN_BF16, ps)
 
-static void ggstats_runs_f32(const void *dy, const void *x, const void *ggx, int64_t n, const cfbn_gg_f32 *p,
-                             double *acc)
-{
-    ggstats_runs_ps(dy, x, ggx, n, p, acc, CFBN_F32);
-}
+/* the two optional several-runs entries of a storage type, like
+ * bn_entries.h's */
+#define GG_RUNS_ENTRIES(sfx, DT)                                                                              \
+    static void ggstats_runs_##sfx(const void *dy, const void *x, const void *ggx, int64_t n,                 \
+                                   const cfbn_gg_f32 *p, double *acc)                                         \
+    {                                                                                                         \
+        ggstats_runs_ps(dy, x, ggx, n, p, acc, DT);                                                           \
+    }                                                                                                         \
+    static void ggapply_runs_##sfx(const void *dy, const void *x, const void *ggx, void *ddy, void *dx,       \
+                                   int64_t n, const cfbn_gg_f32 *p)                                           \
+    {                                                                                                         \
+        ggapply_runs_ps(dy, x, ggx, ddy, dx, n, p, DT);                                                       \
+    }
 
-static void ggstats_runs_f16(const void *dy, const void *x, const void *ggx, int64_t n, const cfbn_gg_f32 *p,
-                             double *acc)
-{
-    ggstats_runs_ps(dy, x, ggx, n, p, acc, CFBN_F16);
-}
+GG_RUNS_ENTRIES(f32, CFBN_F32)
+GG_RUNS_ENTRIES(f16, CFBN_F16)
+GG_RUNS_ENTRIES(bf16, CFBN_BF16)
 
-static void ggstats_runs_bf16(const void *dy, const void *x, const void *ggx, int64_t n, const cfbn_gg_f32 *p,
-                              double *acc)
-{
-    ggstats_runs_ps(dy, x, ggx, n, p, acc, CFBN_BF16);
-}
-
-static void ggapply_runs_f32(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t n,
-                             const cfbn_gg_f32 *p)
-{
-    ggapply_runs_ps(dy, x, ggx, ddy, dx, n, p, CFBN_F32);
-}
-
-static void ggapply_runs_f16(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t n,
-                             const cfbn_gg_f32 *p)
-{
-    ggapply_runs_ps(dy, x, ggx, ddy, dx, n, p, CFBN_F16);
-}
-
-static void ggapply_runs_bf16(const void *dy, const void *x, const void *ggx, void *ddy, void *dx, int64_t n,
-                              const cfbn_gg_f32 *p)
-{
-    ggapply_runs_ps(dy, x, ggx, ddy, dx, n, p, CFBN_BF16);
-}
-
-/* the two optional several-runs entries of a float-compute sub-table */
+/* ... and their place in a float-compute sub-table */
 #define GG_RUNS_TABLE(sfx) .ggstats_runs = ggstats_runs_##sfx, .ggapply_runs = ggapply_runs_##sfx
 
 /* ---- second-order gradient, float64 (cfbn_gg_f64) ----
