@@ -130,12 +130,13 @@ INLINE vf act_grad_ps(vf v, int kind, vf al)
  * activation and the choice is made once per call, not per vector; CALL
  * passes `side != NULL` as the loops' side-input flag (hs).  A case per
  * member of enum cfbn_activation and no default: a new activation is a
- * compile error here until it has its case.  The cheap activations' loops are a few
- * operations a vector, and a test of hs in them cost up to 1.8x in L2: CALL
- * is made in each branch of `if (side)`, where hs is a constant, and each
- * has a loop with a side input and one without.  The exp family's
- * arithmetic hides the test: one loop serves both, which halves that
- * family's code (the larger part of the fused loops'). */
+ * compile error here until it has its case.
+ * The cheap activations' loops are a few operations a vector, and a test of
+ * hs in them cost up to 1.8x in L2: CALL is made in each branch of
+ * `if (side)`, where hs is a constant, and each has a loop with a side input
+ * and one without.  The exp family's arithmetic hides the test: one loop
+ * serves both, which halves that family's code (the larger part of the fused
+ * loops'). */
 #define FUSED_SPECIALIZE(kind, side, CALL)                                                    \
     switch ((enum cfbn_activation)(kind)) {                                                   \
     case CFBN_ACT_NONE: if (side) CALL(CFBN_ACT_NONE); else CALL(CFBN_ACT_NONE); break;       \
