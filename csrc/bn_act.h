@@ -15,4 +15,22 @@
 #include "cfbn.h"
 #include "bn_math.h"
 
+/* Whether the activation's derivative is a compare (a constant piece by
+ * piece), cheap enough that the gradient's policies treat it as no
+ * arithmetic: bn_route.c (storing g) and bn_simd_fused.c (streaming). */
+static inline int cfbn_act_grad_is_compare(int act)
+{
+    switch ((enum cfbn_activation)act) {
+    case CFBN_ACT_NONE:
+    case CFBN_ACT_RELU:
+    case CFBN_ACT_RELU6:
+    case CFBN_ACT_LEAKY_RELU: return 1;
+    case CFBN_ACT_ELU:
+    case CFBN_ACT_SIGMOID:
+    case CFBN_ACT_TANH:
+    case CFBN_ACT_SILU: return 0;
+    }
+    return 0;
+}
+
 #endif

@@ -153,25 +153,11 @@ int cfbn_route_per_channel(int64_t pieces, int planes, int64_t slice, int64_t C,
  *   relu with a side input (8,32,32,32) NHWC 2.26 -> 1.72 / 2.19 -> 1.62;
  *   but streamed, (32,56,56,64) NCHW: silu 2.17 -> 2.90 / 2.37 -> 3.33,
  *   relu with a side input 1.87 -> 2.47 / 1.82 -> 2.41. */
-static int act_grad_is_compare(int act)
-{
-    switch ((enum cfbn_activation)act) {
-    case CFBN_ACT_NONE:
-    case CFBN_ACT_RELU:
-    case CFBN_ACT_RELU6:
-    case CFBN_ACT_LEAKY_RELU: return 1;
-    case CFBN_ACT_ELU:
-    case CFBN_ACT_SIGMOID:
-    case CFBN_ACT_TANH:
-    case CFBN_ACT_SILU: return 0;
-    }
-    return 0;
-}
 
 int cfbn_route_store_g(int dtype, int act, int side_grad, int stream)
 {
     if (dtype != CFBN_F32 || act == CFBN_ACT_NONE) return 0;
-    return side_grad || (!stream && !act_grad_is_compare(act));
+    return side_grad || (!stream && !cfbn_act_grad_is_compare(act));
 }
 
 /* ---- tables ---- */

@@ -763,9 +763,7 @@ INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, v
  * 6.8 as rows of 16, silu with side and gradient 7.6 / 12.4. */
 INLINE int fgapply_nt(const cfbn_grad_f32 *p, int dt, const void *dx, int64_t w)
 {
-    const int compare = p->act == CFBN_ACT_NONE || p->act == CFBN_ACT_RELU || p->act == CFBN_ACT_RELU6
-                        || p->act == CFBN_ACT_LEAKY_RELU;
-    return compare && !p->side_grad && (2 * VF_LANES) % (w ? w : 1) == 0 && fused_nt(p->stream, dt, dx, dx, w);
+    return cfbn_act_grad_is_compare(p->act) && !p->side_grad && (2 * VF_LANES) % (w ? w : 1) == 0 && fused_nt(p->stream, dt, dx, dx, w);
 }
 
 INLINE void fgapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
