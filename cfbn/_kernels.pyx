@@ -13,6 +13,7 @@ cimport numpy as cnp
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_New
 from cpython.ref cimport PyObject
 from libc.stdint cimport int64_t
+from libc.math cimport INFINITY
 from libc.string cimport strncpy
 
 cnp.import_array()
@@ -205,17 +206,22 @@ cdef inline void *_ptr(object a):
     return cnp.PyArray_DATA(<cnp.ndarray>a)
 
 
-cdef inline const cfbn_fusion *_fusion(cfbn_fusion *f, object fusion):
-    """fusion = (activation code, alpha, side, offset, side_grad), or None."""
-    if fusion is None:
-        return NULL
-    act, alpha, side, offset, side_grad = fusion
+cdef inline const cfbn_fusion *_set_fusion(cfbn_fusion *f, int act, double alpha, object side,
+                                           object offset, object side_grad):
     f.act = act
     f.alpha = alpha
     f.side = _ptr(side)
     f.offset = _ptr(offset)
     f.side_grad = _ptr(side_grad)
     return f
+
+
+cdef inline const cfbn_fusion *_fusion(cfbn_fusion *f, object fusion):
+    """fusion = (activation code, alpha, side, offset, side_grad), or None."""
+    if fusion is None:
+        return NULL
+    act, alpha, side, offset, side_grad = fusion
+    return _set_fusion(f, act, alpha, side, offset, side_grad)
 
 
 cdef inline int _shape(cfbn_shape *s, int dtype, int layout, int64_t outer, int64_t channels,
@@ -235,14 +241,19 @@ cdef inline int _shape(cfbn_shape *s, int dtype, int layout, int64_t outer, int6
     return 0
 
 
-def forward_training(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
-                     int n_threads, x, scale, offset, mean, variance, double epsilon,
-                     double factor, y, batch_mean, batch_variance, saved_mean, saved_variance,
-                     fusion=None):
-    cdef cfbn_shape s
-    cdef cfbn_fusion fu
-    cdef const cfbn_fusion *pfu = _fusion(&fu, fusion)
-    _shape(&s, dtype, layout, outer, channels, inner, n_threads)
+cdef inline int _checked(int rc) except -1:
+    if rc != 0:
+        raise MemoryError("cfbn: out of memory for scratch buffers")
+    return 0
+
+
+# The driver calls, shared by the functions cfbn._args calls after its
+# checks and by the fast paths below, which call them without a Python call
+# in between.
+
+cdef int _forward_training(const cfbn_shape *s, x, scale, offset, mean, variance,
+                           double epsilon, double factor, y, batch_mean, batch_variance,
+                           saved_mean, saved_variance, const cfbn_fusion *fu) except -1:
     cdef void *px = _ptr(x)
     cdef void *pscale = _ptr(scale)
     cdef void *poffset = _ptr(offset)
@@ -255,19 +266,14 @@ def forward_training(int dtype, int layout, int64_t outer, int64_t channels, int
     cdef void *psv = _ptr(saved_variance)
     cdef int rc
     with nogil:
-        rc = cfbn_forward_training(_table, &s, px, pscale, poffset, pmean, pvar, epsilon, factor,
-                                   py, pbm, pbv, psm, psv, pfu)
-    if rc != 0:
-        raise MemoryError("cfbn: out of memory for scratch buffers")
+        rc = cfbn_forward_training(_table, s, px, pscale, poffset, pmean, pvar, epsilon, factor,
+                                   py, pbm, pbv, psm, psv, fu)
+    return _checked(rc)
 
 
-def forward_inference(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
-                      int n_threads, x, scale, offset, mean, variance, double epsilon,
-                      y, batch_mean, batch_variance, saved_mean, saved_variance, fusion=None):
-    cdef cfbn_shape s
-    cdef cfbn_fusion fu
-    cdef const cfbn_fusion *pfu = _fusion(&fu, fusion)
-    _shape(&s, dtype, layout, outer, channels, inner, n_threads)
+cdef int _forward_inference(const cfbn_shape *s, x, scale, offset, mean, variance,
+                            double epsilon, y, batch_mean, batch_variance, saved_mean,
+                            saved_variance, const cfbn_fusion *fu) except -1:
     cdef void *px = _ptr(x)
     cdef void *pscale = _ptr(scale)
     cdef void *poffset = _ptr(offset)
@@ -280,19 +286,14 @@ def forward_inference(int dtype, int layout, int64_t outer, int64_t channels, in
     cdef void *psv = _ptr(saved_variance)
     cdef int rc
     with nogil:
-        rc = cfbn_forward_inference(_table, &s, px, pscale, poffset, pmean, pvar, epsilon,
-                                    py, pbm, pbv, psm, psv, pfu)
-    if rc != 0:
-        raise MemoryError("cfbn: out of memory for scratch buffers")
+        rc = cfbn_forward_inference(_table, s, px, pscale, poffset, pmean, pvar, epsilon,
+                                    py, pbm, pbv, psm, psv, fu)
+    return _checked(rc)
 
 
-def backward(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
-             int n_threads, bint training, dy, x, scale, saved_mean, saved_variance,
-             double epsilon, dx, scale_backprop, offset_backprop, fusion=None):
-    cdef cfbn_shape s
-    cdef cfbn_fusion fu
-    cdef const cfbn_fusion *pfu = _fusion(&fu, fusion)
-    _shape(&s, dtype, layout, outer, channels, inner, n_threads)
+cdef int _backward(const cfbn_shape *s, bint training, dy, x, scale, saved_mean,
+                   saved_variance, double epsilon, dx, scale_backprop, offset_backprop,
+                   const cfbn_fusion *fu) except -1:
     cdef void *pdy = _ptr(dy)
     cdef void *px = _ptr(x)
     cdef void *pscale = _ptr(scale)
@@ -303,17 +304,14 @@ def backward(int dtype, int layout, int64_t outer, int64_t channels, int64_t inn
     cdef void *pob = _ptr(offset_backprop)
     cdef int rc
     with nogil:
-        rc = cfbn_backward(_table, &s, training, pdy, px, pscale, psm, psv, epsilon,
-                           pdx, psb, pob, pfu)
-    if rc != 0:
-        raise MemoryError("cfbn: out of memory for scratch buffers")
+        rc = cfbn_backward(_table, s, training, pdy, px, pscale, psm, psv, epsilon,
+                           pdx, psb, pob, fu)
+    return _checked(rc)
 
 
-def backward_backward(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
-                      int n_threads, bint training, dy, x, scale, saved_mean, saved_variance,
-                      double epsilon, ggx, ggscale, ggoffset, ddy, dx, scale_backprop):
-    cdef cfbn_shape s
-    _shape(&s, dtype, layout, outer, channels, inner, n_threads)
+cdef int _backward_backward(const cfbn_shape *s, bint training, dy, x, scale, saved_mean,
+                            saved_variance, double epsilon, ggx, ggscale, ggoffset, ddy, dx,
+                            scale_backprop) except -1:
     cdef void *pdy = _ptr(dy)
     cdef void *px = _ptr(x)
     cdef void *pscale = _ptr(scale)
@@ -327,10 +325,49 @@ def backward_backward(int dtype, int layout, int64_t outer, int64_t channels, in
     cdef void *psb = _ptr(scale_backprop)
     cdef int rc
     with nogil:
-        rc = cfbn_backward_backward(_table, &s, training, pdy, px, pscale, psm, psv, epsilon,
+        rc = cfbn_backward_backward(_table, s, training, pdy, px, pscale, psm, psv, epsilon,
                                     pq, pqs, pqo, pddy, pdx, psb)
-    if rc != 0:
-        raise MemoryError("cfbn: out of memory for scratch buffers")
+    return _checked(rc)
+
+
+def forward_training(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
+                     int n_threads, x, scale, offset, mean, variance, double epsilon,
+                     double factor, y, batch_mean, batch_variance, saved_mean, saved_variance,
+                     fusion=None):
+    cdef cfbn_shape s
+    cdef cfbn_fusion fu
+    _shape(&s, dtype, layout, outer, channels, inner, n_threads)
+    _forward_training(&s, x, scale, offset, mean, variance, epsilon, factor, y, batch_mean,
+                      batch_variance, saved_mean, saved_variance, _fusion(&fu, fusion))
+
+
+def forward_inference(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
+                      int n_threads, x, scale, offset, mean, variance, double epsilon,
+                      y, batch_mean, batch_variance, saved_mean, saved_variance, fusion=None):
+    cdef cfbn_shape s
+    cdef cfbn_fusion fu
+    _shape(&s, dtype, layout, outer, channels, inner, n_threads)
+    _forward_inference(&s, x, scale, offset, mean, variance, epsilon, y, batch_mean,
+                       batch_variance, saved_mean, saved_variance, _fusion(&fu, fusion))
+
+
+def backward(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
+             int n_threads, bint training, dy, x, scale, saved_mean, saved_variance,
+             double epsilon, dx, scale_backprop, offset_backprop, fusion=None):
+    cdef cfbn_shape s
+    cdef cfbn_fusion fu
+    _shape(&s, dtype, layout, outer, channels, inner, n_threads)
+    _backward(&s, training, dy, x, scale, saved_mean, saved_variance, epsilon, dx,
+              scale_backprop, offset_backprop, _fusion(&fu, fusion))
+
+
+def backward_backward(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
+                      int n_threads, bint training, dy, x, scale, saved_mean, saved_variance,
+                      double epsilon, ggx, ggscale, ggoffset, ddy, dx, scale_backprop):
+    cdef cfbn_shape s
+    _shape(&s, dtype, layout, outer, channels, inner, n_threads)
+    _backward_backward(&s, training, dy, x, scale, saved_mean, saved_variance, epsilon, ggx,
+                       ggscale, ggoffset, ddy, dx, scale_backprop)
 
 
 def statistics(int dtype, int layout, int64_t outer, int64_t channels, int64_t inner,
@@ -559,6 +596,28 @@ cdef tuple _GRAD_SIDE_FIELDS = ()
 cdef object _grad_grad_result = None
 
 
+cdef extern from *:
+    """
+    /* An instance of the tuple subclass cls (a result named tuple) holding
+     * the items of the tuple items: what tuple.__new__(cls, items) does,
+     * without the Python frame of the named tuple's own __new__. */
+    static PyObject *cfbn_tuple_as(PyObject *cls, PyObject *items)
+    {
+        PyTypeObject *type = (PyTypeObject *)cls;
+        Py_ssize_t n = PyTuple_GET_SIZE(items);
+        PyObject *t = type->tp_alloc(type, n);
+        if (t == NULL) return NULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = PyTuple_GET_ITEM(items, i);
+            Py_INCREF(item);
+            PyTuple_SET_ITEM(t, i, item);
+        }
+        return t;
+    }
+    """
+    object _result "cfbn_tuple_as"(object cls, tuple items)
+
+
 def set_fast_path_rules(forward, grad, grad_side, grad_grad, layouts, channels_first, activations,
                         forward_in_place, grad_in_place):
     """The tables the fast paths recognize the plain call by, set once by
@@ -607,7 +666,7 @@ cdef inline int _plain_activation(object activation, object alpha, double *act_a
             return -1
     elif alpha is None:
         act_alpha[0] = default
-    elif type(alpha) is float and -float("inf") < <double>alpha < float("inf"):
+    elif type(alpha) is float and -INFINITY < <double>alpha < INFINITY:
         act_alpha[0] = alpha
     else:
         return -1
@@ -805,7 +864,7 @@ def fast_forward(x, scale, offset, mean, variance, epsilon, exponential_avg_fact
         return None
     cdef double eps = epsilon
     cdef double factor = exponential_avg_factor
-    if not (0.0 <= eps < float("inf")) or not (0.0 <= factor <= 1.0):
+    if not (0.0 <= eps < INFINITY) or not (0.0 <= factor <= 1.0):
         return None
     cdef int nt = _plain_threads(n_threads)
     if nt < 0:
@@ -841,7 +900,6 @@ def fast_forward(x, scale, offset, mean, variance, epsilon, exponential_avg_fact
     if out is not None and _outputs_clash(given, (x, scale, offset, mean, variance, side_input),
                                           _FORWARD_IN_PLACE):
         return None
-    fusion = (act, act_alpha, side_input, None, None) if act or side_input is not None else None
     if bm is None:
         bm = _empty_like_vec(channels, vtype)
     if bv is None:
@@ -850,14 +908,18 @@ def fast_forward(x, scale, offset, mean, variance, epsilon, exponential_avg_fact
         sm = _empty_like_vec(channels, vtype)
     if sv is None:
         sv = _empty_like_vec(channels, vtype)
+    cdef cfbn_shape s
+    _shape(&s, dt, layout, outer, channels, inner, nt)
+    cdef cfbn_fusion fu
+    cdef const cfbn_fusion *pfu = NULL
+    if act or side_input is not None:
+        pfu = _set_fusion(&fu, act, act_alpha, side_input, None, None)
     if training:
-        forward_training(dt, layout, outer, channels, inner, nt, x, scale, offset,
-                         mean if need_stats else None, variance if need_stats else None,
-                         eps, factor, y, bm, bv, sm, sv, fusion)
+        _forward_training(&s, x, scale, offset, mean if need_stats else None,
+                          variance if need_stats else None, eps, factor, y, bm, bv, sm, sv, pfu)
     else:
-        forward_inference(dt, layout, outer, channels, inner, nt, x, scale, offset, mean,
-                          variance, eps, y, bm, bv, sm, sv, fusion)
-    return _forward_result(y, bm, bv, sm, sv)
+        _forward_inference(&s, x, scale, offset, mean, variance, eps, y, bm, bv, sm, sv, pfu)
+    return _result(_forward_result, (y, bm, bv, sm, sv))
 
 
 def fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilon,
@@ -880,7 +942,7 @@ def fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilo
     if is_training is not True and is_training is not False:
         return None
     cdef double eps = epsilon
-    if not (0.0 <= eps < float("inf")):
+    if not (0.0 <= eps < INFINITY):
         return None
     cdef int nt = _plain_threads(n_threads)
     if nt < 0:
@@ -926,14 +988,17 @@ def fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilo
         dscale = _empty_like_vec(channels, vtype)
     if doffset is None:
         doffset = _empty_like_vec(channels, vtype)
-    fusion = None
+    cdef cfbn_shape s
+    _shape(&s, dt, layout, outer, channels, inner, nt)
+    cdef cfbn_fusion fu
+    cdef const cfbn_fusion *pfu = NULL
     if act or with_side:
-        fusion = (act, act_alpha, side_input, offset, side_grad)
-    backward(dt, layout, outer, channels, inner, nt, is_training, y_backprop, x, scale,
-             reserve_space_1, reserve_space_2, eps, dx, dscale, doffset, fusion)
+        pfu = _set_fusion(&fu, act, act_alpha, side_input, offset, side_grad)
+    _backward(&s, is_training, y_backprop, x, scale, reserve_space_1, reserve_space_2, eps, dx,
+              dscale, doffset, pfu)
     if with_side:
-        return _grad_side_result(dx, dscale, doffset, side_grad)
-    return _grad_result(dx, dscale, doffset)
+        return _result(_grad_side_result, (dx, dscale, doffset, side_grad))
+    return _result(_grad_result, (dx, dscale, doffset))
 
 
 def fast_grad_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2, grad_x_backprop,
@@ -949,7 +1014,7 @@ def fast_grad_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2, grad_
     if is_training is not True and is_training is not False:
         return None
     cdef double eps = epsilon
-    if not (0.0 <= eps < float("inf")):
+    if not (0.0 <= eps < INFINITY):
         return None
     cdef int nt = _plain_threads(n_threads)
     if nt < 0:
@@ -974,10 +1039,12 @@ def fast_grad_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2, grad_
     ddy = _empty_output(xa)
     dx = _empty_output(xa)
     dscale = _empty_like_vec(channels, vtype)
-    backward_backward(dt, layout, outer, channels, inner, nt, is_training, y_backprop, x, scale,
-                      reserve_space_1, reserve_space_2, eps, grad_x_backprop,
-                      grad_scale_backprop, grad_offset_backprop, ddy, dx, dscale)
-    return _grad_grad_result(ddy, dx, dscale)
+    cdef cfbn_shape s
+    _shape(&s, dt, layout, outer, channels, inner, nt)
+    _backward_backward(&s, is_training, y_backprop, x, scale, reserve_space_1, reserve_space_2,
+                       eps, grad_x_backprop, grad_scale_backprop, grad_offset_backprop, ddy, dx,
+                       dscale)
+    return _result(_grad_grad_result, (ddy, dx, dscale))
 
 
 # ---- the C API for other extensions (csrc/c_api.h) ----

@@ -4,6 +4,10 @@ validation; every other call takes the general path.  Both must compute
 exactly the same thing.  A NumPy bool for is_training is one way to send an
 otherwise plain call down the general path."""
 
+import gc
+import pickle
+import sys
+
 import numpy as np
 import pytest
 
@@ -29,13 +33,15 @@ def test_fast_and_general_paths_agree(isa, data_format, dtype, mode):
     kw = dict(epsilon=1e-3, data_format=data_format, is_training=mode != "inference",
               exponential_avg_factor=0.25 if mode == "train_factor" else 1.0)
     stats = (mean, variance) if mode != "train" else (None, None)
+    # the general call first: the fast paths take bfloat16 once cfbn._args
+    # has seen ml_dtypes' type, whichever test runs first
+    general = cfbn.fused_batch_norm(x, scale, offset, *stats,
+                                     **dict(kw, is_training=np.bool_(kw["is_training"])))
     # the plain call must really be the fast path's
     assert cfbn._kernels.fast_forward(x, scale, offset, *stats, kw["epsilon"],
                                       kw["exponential_avg_factor"], data_format,
                                       kw["is_training"], None) is not None
     fast = cfbn.fused_batch_norm(x, scale, offset, *stats, **kw)
-    general = cfbn.fused_batch_norm(x, scale, offset, *stats,
-                                     **dict(kw, is_training=np.bool_(kw["is_training"])))
     assert type(fast) is cfbn.BatchNormOutput
     for name, a, b in zip(fast._fields, fast, general):
         assert _bitwise_equal(a, b), name
@@ -51,6 +57,46 @@ def test_fast_and_general_paths_agree(isa, data_format, dtype, mode):
     for name, a, b in zip(gfast._fields, gfast, ggeneral):
         assert _bitwise_equal(a, b), name
     assert vector_dtype(dtype) == gfast.scale_backprop.dtype
+
+
+def _same_result(fast, cls):
+    """fast is an ordinary instance of the named tuple cls: what cls(*fast)
+    gives, in every way a caller can look at it."""
+    made = cls(*fast)
+    assert type(fast) is cls and len(fast) == len(cls._fields)
+    assert all(getattr(fast, f) is v for f, v in zip(cls._fields, fast))
+    assert all(a is b for a, b in zip(fast, made)) and fast == made
+    assert fast._asdict().keys() == made._asdict().keys() and repr(fast) == repr(made)
+    assert fast._replace() == made and isinstance(fast, tuple)
+    assert gc.is_tracked(fast) == gc.is_tracked(made)
+    back = pickle.loads(pickle.dumps(fast))
+    assert type(back) is cls and all(_bitwise_equal(a, b) for a, b in zip(back, fast))
+
+
+def test_fast_path_results_are_plain_named_tuples():
+    rng = np.random.default_rng(seed_of("paths", "results"))
+    x = random_x(rng, (2, 3, 5, 7), "NHWC", np.float32)
+    v = random_vectors(rng, 7, np.float32)
+    side = random_x(rng, (2, 3, 5, 7), "NHWC", np.float32)
+    fwd = cfbn.fused_batch_norm(x, v["scale"], v["offset"])
+    _same_result(fwd, cfbn.BatchNormOutput)
+    dy = random_x(rng, x.shape, "NHWC", np.float32)
+    _same_result(cfbn.fused_batch_norm_grad(dy, x, v["scale"], fwd[3], fwd[4]), cfbn.BatchNormGrad)
+    _same_result(cfbn.fused_batch_norm_grad(dy, x, v["scale"], fwd[3], fwd[4], offset=v["offset"],
+                                            activation="relu", side_input=side),
+                 cfbn.BatchNormGradSide)
+    _same_result(cfbn.fused_batch_norm_grad_grad(dy, x, v["scale"], fwd[3], fwd[4], dy),
+                 cfbn.BatchNormGradGrad)
+
+
+def test_fast_path_results_hold_each_item_once():
+    x = np.ones((2, 3, 5, 7), np.float32)
+    scale, offset = np.ones(7, np.float32), np.zeros(7, np.float32)
+    result = cfbn.fused_batch_norm(x, scale, offset)
+    items = list(result)
+    before = [sys.getrefcount(v) for v in items]
+    del result
+    assert [sys.getrefcount(v) for v in items] == [n - 1 for n in before]
 
 
 def test_unusual_arguments_take_the_general_path():
