@@ -36,8 +36,8 @@ from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 from setuptools.errors import CompileError, LinkError
 
-BASE_SOURCES = ["csrc/bn_scalar.c", "csrc/bn_route.c", "csrc/bn_driver.c", "csrc/dispatch.c", "csrc/out_cache.c",
-                "csrc/c_api.c"]
+BASE_SOURCES = ["csrc/bn_scalar.c", "csrc/bn_route.c", "csrc/bn_driver.c", "csrc/scratch.c", "csrc/dispatch.c",
+                "csrc/out_cache.c", "csrc/c_api.c"]
 OPT_FLAGS = [] if re.search(r"(^|\s)-O", os.environ.get("CFLAGS", "")) else ["-O3"]
 COMMON_FLAGS = OPT_FLAGS + ["-std=c11", "-fno-math-errno", "-fvisibility=hidden"]
 # The C files of csrc/ only: a switch on enum cfbn_dtype or cfbn_activation

@@ -6,7 +6,6 @@
  * results are combined serially in a fixed order.  The thread count decides
  * only who computes a piece, never what it contains.
  */
-#define _POSIX_C_SOURCE 200112L   /* posix_memalign under -std=c11 */
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -17,6 +16,7 @@
 #include "storage.h"
 #include "bn_route.h"
 #include "bn_math.h"
+#include "scratch.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -238,16 +238,6 @@ typedef struct {
     double act_alpha;
 } params;
 
-/* Buffers the kernels read or accumulate into by whole vectors: 64-byte
- * aligned, so no 32-byte access straddles two cache lines (measured: up to
- * 30% on the channels-last gradient sums with malloc's 16-byte alignment).
- * Free with free(). */
-static void *alloc64(size_t bytes)
-{
-    void *p = NULL;
-    return posix_memalign(&p, 64, bytes ? bytes : 64) == 0 ? p : NULL;
-}
-
 static int params_init(params *pp, int dtype, int64_t len, int k)
 {
     pp->dtype = dtype;
@@ -258,15 +248,15 @@ static int params_init(params *pp, int dtype, int64_t len, int k)
     pp->act = CFBN_ACT_NONE;
     pp->act_alpha = 0.0;
     size_t count = (size_t)(len > 0 ? len : 1) * (size_t)k;
-    if (dtype == CFBN_F64) pp->d = alloc64(count * sizeof(double));
-    else pp->f = alloc64(count * sizeof(float));
+    if (dtype == CFBN_F64) pp->d = cfbn_scratch_alloc(count * sizeof(double));
+    else pp->f = cfbn_scratch_alloc(count * sizeof(float));
     return (pp->f || pp->d) ? 0 : -1;
 }
 
 static void params_free(params *pp)
 {
-    free(pp->f);
-    free(pp->d);
+    cfbn_scratch_free(pp->f);
+    cfbn_scratch_free(pp->d);
 }
 
 static void params_set(params *pp, int which, int64_t i, double value)
@@ -668,14 +658,14 @@ static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
         /* one task per plane, in memory order; per channel, the planes' sums
          * are added in batch order */
         int64_t tasks = p->N * C;
-        pt.part = alloc64((size_t)(tasks > 0 ? tasks : 1) * ns * sizeof(double));
+        pt.part = cfbn_scratch_alloc((size_t)(tasks > 0 ? tasks : 1) * ns * sizeof(double));
         if (!pt.part) return -1;
         parallel_for(nt, tasks, plane_task, &pt);
         for (int64_t c = 0; c < C; c++) {
             clear_sums(sums + ns * c, ns);
             for (int64_t n = 0; n < p->N; n++) add_sums(sums + ns * c, pt.part + ns * (n * C + c), ns);
         }
-        free(pt.part);
+        cfbn_scratch_free(pt.part);
         return 0;
     }
     if (p->layout == CFBN_CHANNELS_FIRST) {
@@ -683,7 +673,7 @@ static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
          * planes: tasks are (channel, piece) */
         int64_t tasks = C * p->G;
         if (red) {
-            pt.part = alloc64((size_t)(tasks > 0 ? tasks : 1) * ns * sizeof(double));
+            pt.part = cfbn_scratch_alloc((size_t)(tasks > 0 ? tasks : 1) * ns * sizeof(double));
             if (!pt.part) return -1;
         }
         parallel_for(nt, tasks, first_task, &pt);
@@ -692,7 +682,7 @@ static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
                 clear_sums(sums + ns * c, ns);
                 for (int64_t g = 0; g < p->G; g++) add_sums(sums + ns * c, pt.part + ns * (c * p->G + g), ns);
             }
-            free(pt.part);
+            cfbn_scratch_free(pt.part);
         }
         return 0;
     }
@@ -700,7 +690,7 @@ static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
     int64_t tasks = p->pieces + (p->tail > 0);
     int64_t W = p->W;
     if (red) {
-        pt.part = alloc64((size_t)(tasks > 0 ? tasks : 1) * ns * (size_t)W * sizeof(double));
+        pt.part = cfbn_scratch_alloc((size_t)(tasks > 0 ? tasks : 1) * ns * (size_t)W * sizeof(double));
         if (!pt.part) return -1;
     }
     parallel_for(nt, tasks, last_task, &pt);
@@ -714,7 +704,7 @@ static int run_pass(const pass *ps, const double *shift, int nt, double *sums)
         for (int64_t j = 0; j < ns * C; j++) sums[j] = 0.0;
         if (p->pieces > 0) fold_columns(a0, W, C, ns, sums);
         if (p->tail > 0) fold_columns(pt.part + ns * W * p->pieces, p->tail, C, ns, sums);
-        free(pt.part);
+        cfbn_scratch_free(pt.part);
     }
     return 0;
 }
@@ -819,7 +809,7 @@ static void add_row(double *restrict sum, const void *restrict x, int dt, int64_
 static double *make_shift(const plan *p, const cfbn_shape *s, const void *x, int fill)
 {
     int64_t len = param_len(p, s->layout);
-    double *shift = malloc((size_t)(len > 0 ? len : 1) * sizeof(double));
+    double *shift = cfbn_scratch_alloc((size_t)(len > 0 ? len : 1) * sizeof(double));
     if (!shift || !fill) return shift;
     if (s->layout == CFBN_CHANNELS_FIRST || p->n == 0) {
         for (int64_t c = 0; c < p->C; c++) shift[c] = channel_shift(p, s, x, c);
@@ -929,7 +919,7 @@ int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
     params_set_fusion(&pp, fusion);
     int by_channel = per_channel(&p, 1, fusion && fusion->side);
     double *shift = make_shift(&p, s, x, !by_channel);
-    double *sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
+    double *sums = cfbn_scratch_alloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
     int rc = -1;
     if (!shift || !sums) goto done;
     pass st = { .k = k, .p = &p, .pp = &pp, .kind = PASS_STATS, .a = x };
@@ -949,8 +939,8 @@ int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
     if (s->layout == CFBN_CHANNELS_LAST) tile_params(&pp, P_APPLY_COUNT, p.C);
     rc = run_pass(&ap, shift, nt, NULL);
 done:
-    free(shift);
-    free(sums);
+    cfbn_scratch_free(shift);
+    cfbn_scratch_free(sums);
     params_free(&pp);
     return rc;
 }
@@ -1009,7 +999,7 @@ int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x, d
     params pp;
     if (params_init(&pp, s->dtype, param_len(&p, s->layout), P_APPLY_COUNT) < 0) return -1;
     double *shift = make_shift(&p, s, x, 1);
-    double *sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
+    double *sums = cfbn_scratch_alloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
     int rc = -1;
     if (shift && sums) {
         pass st = { .k = k, .p = &p, .pp = &pp, .kind = PASS_STATS, .a = x };
@@ -1017,8 +1007,8 @@ int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x, d
         for (int64_t c = 0; rc == 0 && c < p.C; c++)
             cfbn_mean_m2(shift[c], sums[2 * c], sums[2 * c + 1], p.n, &mean[c], &m2[c]);
     }
-    free(shift);
-    free(sums);
+    cfbn_scratch_free(shift);
+    cfbn_scratch_free(sums);
     params_free(&pp);
     return rc;
 }
@@ -1107,7 +1097,7 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
     }
     pp.stream = stream_output(s, 3, 1);
     ip.stream = stream_output(s, 2, 0);
-    sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
+    sums = cfbn_scratch_alloc((size_t)(p.C > 0 ? p.C : 1) * 2 * sizeof(double));
     if (!sums) goto done;
     for (int64_t c = 0; c < p.C; c++)
         params_set_mean(&pp, G_MHI, G_MLO, c, vec_get(a->saved_mean, a->stats_dt, c));
@@ -1174,7 +1164,7 @@ static int backward_run(const cfbn_kernels *k, const cfbn_shape *s, const bwd_ar
         rc = run_pass(&ap, NULL, nt, NULL);
     }
 done:
-    free(sums);
+    cfbn_scratch_free(sums);
     params_free(&pp);
     params_free(&ip);
     return rc;
@@ -1286,14 +1276,14 @@ static int gg_without_ggx(const cfbn_kernels *k, const cfbn_shape *s, const plan
 {
     int dt = s->dtype, nt = thread_count(s);
     params gp, ap;
-    double *sums = malloc((size_t)(p->C > 0 ? p->C : 1) * 2 * sizeof(double));
+    double *sums = cfbn_scratch_alloc((size_t)(p->C > 0 ? p->C : 1) * 2 * sizeof(double));
     if (!sums) return -1;
     if (params_init(&gp, dt, param_len(p, s->layout), G_COUNT) < 0) {
-        free(sums);
+        cfbn_scratch_free(sums);
         return -1;
     }
     if (params_init(&ap, dt, param_len(p, s->layout), P_APPLY_COUNT) < 0) {
-        free(sums);
+        cfbn_scratch_free(sums);
         params_free(&gp);
         return -1;
     }
@@ -1324,7 +1314,7 @@ static int gg_without_ggx(const cfbn_kernels *k, const cfbn_shape *s, const plan
     if (a->training ? run_pass(&ga, NULL, nt, NULL) : gg_inference_dx(k, s, p, a, dy, dx)) goto done;
     rc = run_pass(&px, NULL, nt, NULL);
 done:
-    free(sums);
+    cfbn_scratch_free(sums);
     params_free(&gp);
     params_free(&ap);
     return rc;
@@ -1346,7 +1336,7 @@ int cfbn_backward_backward(const cfbn_kernels *k, const cfbn_shape *s, int train
     /* the pass reads three tensors and writes two */
     pp.stream = stream_output(s, 5, 1);
     int rc = -1;
-    double *sums = malloc((size_t)(p.C > 0 ? p.C : 1) * 5 * sizeof(double));
+    double *sums = cfbn_scratch_alloc((size_t)(p.C > 0 ? p.C : 1) * 5 * sizeof(double));
     if (!sums) goto done;
     for (int64_t c = 0; c < p.C; c++)
         params_set_mean(&pp, GG_MHI, GG_MLO, c, vec_get(saved_mean, s->dtype, c));
@@ -1368,7 +1358,7 @@ int cfbn_backward_backward(const cfbn_kernels *k, const cfbn_shape *s, int train
     rc = run_pass(&ga, NULL, nt, NULL);
     if (rc == 0 && !training) rc = gg_inference_dx(k, s, &p, &a, dy, dx);
 done:
-    free(sums);
+    cfbn_scratch_free(sums);
     params_free(&pp);
     return rc;
 }

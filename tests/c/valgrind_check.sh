@@ -26,12 +26,12 @@ if [ -z "${BUILD_DIR:-}" ]; then
 fi
 mkdir -p "$BUILD_DIR"
 
-CFLAGS="-O2 -g -std=c11 -Wall -Wextra -Werror -fopenmp -I$ROOT/csrc"
+CFLAGS="-O2 -g -std=c11 -Wall -Wextra -Werror -fopenmp -pthread -I$ROOT/csrc"
 # the driver's calls gained a fused-operation argument; build against either form
 if grep -q "cfbn_fusion" "$ROOT/csrc/cfbn.h"; then
     CFLAGS="$CFLAGS -DCFBN_DRIVER_FUSION"
 fi
-BASE="$ROOT/csrc/bn_scalar.c $ROOT/csrc/bn_route.c $ROOT/csrc/bn_driver.c $ROOT/csrc/dispatch.c"
+BASE="$ROOT/csrc/bn_scalar.c $ROOT/csrc/bn_route.c $ROOT/csrc/bn_driver.c $ROOT/csrc/scratch.c $ROOT/csrc/dispatch.c"
 ISA_OBJ=""
 ISA_DEF=""
 case "$(uname -m)" in
