@@ -1,6 +1,6 @@
-/* Per-thread kept blocks behind cfbn_scratch_alloc (scratch.h). */
+/* The pools of kept blocks behind cfbn_scratch_alloc (scratch.h). */
 #define _POSIX_C_SOURCE 200112L   /* posix_memalign under -std=c11 */
-#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "scratch.h"
@@ -11,10 +11,12 @@ typedef struct {
     unsigned char used[CFBN_SCRATCH_SLOTS];
 } pool;
 
+/* Only its thread touches a pool once it is handed out; pools_given is
+ * the one shared word. */
+static pool pools[CFBN_SCRATCH_POOLS];
+static atomic_int pools_given;
 static _Thread_local pool *mine;
-static pthread_key_t pool_key;
-static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
-static int pool_key_ok;
+static _Thread_local int asked;
 
 static void *alloc64(size_t bytes)
 {
@@ -22,34 +24,17 @@ static void *alloc64(size_t bytes)
     return posix_memalign(&p, 64, bytes) == 0 ? p : NULL;
 }
 
-/* Run when a thread that kept blocks exits. */
-static void pool_destroy(void *v)
-{
-    pool *p = v;
-    for (int i = 0; i < CFBN_SCRATCH_SLOTS; i++) free(p->block[i]);
-    free(p);
-    mine = NULL;
-}
-
-static void make_key(void)
-{
-    pool_key_ok = pthread_key_create(&pool_key, pool_destroy) == 0;
-}
-
-/* This thread's pool, created on its first call; NULL when none can be
- * made (every buffer then comes from the C library). */
+/* This thread's pool, handed out on its first call while any is left;
+ * NULL for the threads after the last. */
 static pool *this_pool(void)
 {
-    if (mine) return mine;
-    pthread_once(&pool_once, make_key);
-    if (!pool_key_ok) return NULL;
-    pool *p = calloc(1, sizeof *p);
-    if (p && pthread_setspecific(pool_key, p) != 0) {
-        free(p);
-        p = NULL;
+    if (mine || asked) return mine;
+    asked = 1;
+    int n = atomic_load(&pools_given);
+    while (n < CFBN_SCRATCH_POOLS && !atomic_compare_exchange_weak(&pools_given, &n, n + 1)) {
     }
-    mine = p;
-    return p;
+    if (n < CFBN_SCRATCH_POOLS) mine = &pools[n];
+    return mine;
 }
 
 void *cfbn_scratch_alloc(size_t bytes)
