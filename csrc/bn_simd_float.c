@@ -151,117 +151,6 @@ INLINE void prefetch_lines_h(const void *p, int64_t i, int64_t cnt)
     for (int64_t l = 0; l < cnt; l += HALFWORDS_PER_LINE) prefetch_ahead_of(p, i + l, CFBN_BF16);
 }
 
-/* apply_ps and gapply_ps with parameters in eo_params's layout: the group
- * at q, h = 0 for the even lanes and VF_LANES for the odd ones */
-INLINE vf apply_eo_ps(vf x, const float *q, int h)
-{
-    return apply_ps(x, vf_load(q + h), vf_load(q + EO_GROUP + h), vf_load(q + 2 * EO_GROUP + h),
-                    vf_load(q + 3 * EO_GROUP + h));
-}
-
-INLINE vf gapply_eo_ps(vf g, vf x, const float *q, int h)
-{
-    return gapply_ps(g, x, vf_load(q + h), vf_load(q + EO_GROUP + h), vf_load(q + 2 * EO_GROUP + h),
-                     vf_load(q + 3 * EO_GROUP + h), vf_load(q + 4 * EO_GROUP + h));
-}
-
-/* Stores the 2 EO_GROUP elements h0, h1 at y[i..]: regular stores, or (nt)
- * non-temporal ones as vh_stream_seq's */
-INLINE void st_eo2_seq(void *y, int64_t i, vh h0, vh h1, int nt, int half, vh *prev)
-{
-    if (nt) {
-        vh_stream_seq(y, i, h0, half, prev);
-        vh_stream_seq(y, i + EO_GROUP, h1, half, prev);
-        return;
-    }
-    vh_st(y, i, h0);
-    vh_st(y, i + EO_GROUP, h1);
-}
-
-/* bfloat16 rows as eo_rows allows, row by row with one pointer through the
- * parameters; widths of a multiple of 2 EO_GROUP take two groups at a time
- * with one NaN test.  nt: non-temporal stores (rows VF_NT_MIN_ALIGN-byte
- * aligned; half: not VF_NT_ALIGN-aligned) as vh_stream_seq's, the inputs
- * prefetched about once a line. */
-INLINE void apply_rows_eo(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int nt)
-{
-    float q[4 * EO_MAX_W];
-    const float *const v[4] = {p->mhi, p->mlo, p->alpha, p->beta};
-    eo_params(v, 4, w, q);
-    const int half = ((uintptr_t)y % VF_NT_ALIGN) != 0;
-    vh prev = vh_zero();
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t o = r * w;
-        const float *g = q;
-        if (w % (2 * EO_GROUP) == 0) {
-            for (int64_t i = o; i < o + w; i += 2 * EO_GROUP, g += 8 * EO_GROUP) {
-                vf e0, o0, e1, o1;
-                vh h0, h1;
-                if (nt) prefetch_lines_h(x, i, 2 * EO_GROUP);
-                vf_ld_eo(x, i, &e0, &o0);
-                vf_ld_eo(x, i + EO_GROUP, &e1, &o1);
-                vh_narrow_eo2(apply_eo_ps(e0, g, 0), apply_eo_ps(o0, g, VF_LANES),
-                              apply_eo_ps(e1, g + 4 * EO_GROUP, 0), apply_eo_ps(o1, g + 4 * EO_GROUP, VF_LANES),
-                              &h0, &h1);
-                st_eo2_seq(y, i, h0, h1, nt, half, &prev);
-            }
-            continue;
-        }
-        for (int64_t i = o; i < o + w; i += EO_GROUP, g += 4 * EO_GROUP) {
-            vf e, od;
-            if (nt && !(i % HALFWORDS_PER_LINE)) prefetch_ahead_of(x, i, CFBN_BF16);
-            vf_ld_eo(x, i, &e, &od);
-            e = apply_eo_ps(e, g, 0);
-            od = apply_eo_ps(od, g, VF_LANES);
-            if (nt) vh_stream_seq(y, i, vh_narrow_eo(e, od), half, &prev);
-            else vf_st_eo(y, i, e, od);
-        }
-    }
-    if (nt) vh_stream_seq_end(y, rows * w, half, prev);
-}
-
-INLINE void gapply_rows_eo(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                           int nt)
-{
-    float q[5 * EO_MAX_W];
-    const float *const v[5] = {p->mhi, p->mlo, p->a, p->b, p->c};
-    eo_params(v, 5, w, q);
-    const int half = ((uintptr_t)dx % VF_NT_ALIGN) != 0;
-    vh prev = vh_zero();
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t o = r * w;
-        const float *g = q;
-        if (w % (2 * EO_GROUP) == 0) {
-            for (int64_t i = o; i < o + w; i += 2 * EO_GROUP, g += 10 * EO_GROUP) {
-                vf ge0, go0, xe0, xo0, ge1, go1, xe1, xo1;
-                vh h0, h1;
-                if (nt) prefetch_lines_h(dy, i, 2 * EO_GROUP), prefetch_lines_h(x, i, 2 * EO_GROUP);
-                vf_ld_eo(dy, i, &ge0, &go0);
-                vf_ld_eo(x, i, &xe0, &xo0);
-                vf_ld_eo(dy, i + EO_GROUP, &ge1, &go1);
-                vf_ld_eo(x, i + EO_GROUP, &xe1, &xo1);
-                vh_narrow_eo2(gapply_eo_ps(ge0, xe0, g, 0), gapply_eo_ps(go0, xo0, g, VF_LANES),
-                              gapply_eo_ps(ge1, xe1, g + 5 * EO_GROUP, 0),
-                              gapply_eo_ps(go1, xo1, g + 5 * EO_GROUP, VF_LANES), &h0, &h1);
-                st_eo2_seq(dx, i, h0, h1, nt, half, &prev);
-            }
-            continue;
-        }
-        for (int64_t i = o; i < o + w; i += EO_GROUP, g += 5 * EO_GROUP) {
-            vf ge, go, xe, xo;
-            if (nt && !(i % HALFWORDS_PER_LINE))
-                prefetch_ahead_of(dy, i, CFBN_BF16), prefetch_ahead_of(x, i, CFBN_BF16);
-            vf_ld_eo(dy, i, &ge, &go);
-            vf_ld_eo(x, i, &xe, &xo);
-            xe = gapply_eo_ps(ge, xe, g, 0);
-            xo = gapply_eo_ps(go, xo, g, VF_LANES);
-            if (nt) vh_stream_seq(dx, i, vh_narrow_eo(xe, xo), half, &prev);
-            else vf_st_eo(dx, i, xe, xo);
-        }
-    }
-    if (nt) vh_stream_seq_end(dx, rows * w, half, prev);
-}
-
 /* ---- pairwise sums of 8 vectors in float ---- */
 
 INLINE vf tree8(vf a0, vf a1, vf a2, vf a3, vf a4, vf a5, vf a6, vf a7)
@@ -512,49 +401,6 @@ INLINE void gstats_flat_ps(const void *dy, const void *x, int64_t n, const vf *m
     *oa = b;
 }
 
-/* p: mhi, mlo, alpha, beta of even blocks, then of odd blocks */
-INLINE void apply_flat_ps(const void *x, void *y, int64_t n, const vf *p, int dt)
-{
-    int64_t i = 0;
-    for (; i + 4 * VF_LANES <= n; i += 4 * VF_LANES) {
-        vf v0 = vf_ld(x, i, dt), v1 = vf_ld(x, i + VF_LANES, dt);
-        vf v2 = vf_ld(x, i + 2 * VF_LANES, dt), v3 = vf_ld(x, i + 3 * VF_LANES, dt);
-        vf_st2(y, i, apply_ps(v0, p[0], p[1], p[2], p[3]), apply_ps(v1, p[4], p[5], p[6], p[7]), dt);
-        vf_st2(y, i + 2 * VF_LANES, apply_ps(v2, p[0], p[1], p[2], p[3]), apply_ps(v3, p[4], p[5], p[6], p[7]),
-               dt);
-    }
-    for (; i + VF_LANES <= n; i += VF_LANES) {
-        const vf *q = p + 4 * ((i / VF_LANES) & 1);
-        vf_st(y, i, apply_ps(vf_ld(x, i, dt), q[0], q[1], q[2], q[3]), dt);
-    }
-    if (i < n) {
-        const vf *q = p + 4 * ((i / VF_LANES) & 1);
-        vf_st_part(y, i, apply_ps(vf_ld_part(x, i, n - i, n - i, dt), q[0], q[1], q[2], q[3]), n - i, dt);
-    }
-}
-
-/* p: mhi, mlo, a, b, c of even blocks, then of odd blocks */
-INLINE void gapply_flat_ps(const void *dy, const void *x, void *dx, int64_t n, const vf *p, int dt)
-{
-    int64_t i = 0;
-    for (; i + 2 * VF_LANES <= n; i += 2 * VF_LANES) {
-        vf g0 = vf_ld(dy, i, dt), g1 = vf_ld(dy, i + VF_LANES, dt);
-        vf v0 = vf_ld(x, i, dt), v1 = vf_ld(x, i + VF_LANES, dt);
-        vf_st2(dx, i, gapply_ps(g0, v0, p[0], p[1], p[2], p[3], p[4]), gapply_ps(g1, v1, p[5], p[6], p[7], p[8], p[9]),
-             dt);
-    }
-    if (i + VF_LANES <= n) {
-        vf_st(dx, i, gapply_ps(vf_ld(dy, i, dt), vf_ld(x, i, dt), p[0], p[1], p[2], p[3], p[4]), dt);
-        i += VF_LANES;
-    }
-    if (i < n) {
-        const vf *q = p + 5 * ((i / VF_LANES) & 1);
-        int64_t cnt = n - i;
-        vf g = vf_ld_part(dy, i, cnt, cnt, dt), v = vf_ld_part(x, i, cnt, cnt, dt);
-        vf_st_part(dx, i, gapply_ps(g, v, q[0], q[1], q[2], q[3], q[4]), cnt, dt);
-    }
-}
-
 /* Per-lane parameter vectors for a width w that divides 2 VF_LANES: lane l
  * of the flat stream belongs to column l % w. */
 INLINE void lanes_ps(const float *v, int64_t w, vf *even, vf *odd)
@@ -791,6 +637,76 @@ INLINE void gstats_rows8_ps(const void *dy, const void *x, int64_t rows, int64_t
     if (any_suspect(acc, w, (double)rows)) gstats_redo_columns(dy, x, rows, w, p, acc, dt);
 }
 
+/* Parameters of the masked tail columns [full, full + cnt) of a row; the
+ * dead lanes are 0, whatever they compute is never stored or summed. */
+INLINE void tail_params_ps(const float *const *v, int k, int64_t full, int64_t cnt, vf *out)
+{
+    vf_mask mk = vf_mask_first(cnt);
+    for (int i = 0; i < k; i++) out[i] = cnt ? vf_load_part(v[i] + full, mk) : vf_zero();
+}
+
+/* ---- rows of any width: the sums of whole VF_LANES-column blocks
+ * accumulate in acc (L1-resident, two rows per load and store); the partial
+ * block sits at the same columns in every row, so its sums stay in
+ * registers.  The statistics (grad 0) widen x to double and take the
+ * shifts there; the gradient (grad 1) forms (x - mhi) - mlo in float
+ * (centered_ps), from mhi, mlo = m[0], m[1]. ---- */
+
+/* One vector's sums at e (part: its first cnt elements, avail readable),
+ * added to a; sh: the shifts of its lanes (statistics), ml: mhi, mlo
+ * (gradient) */
+INLINE void cols_step(int grad, accf *a, const void *dy, const void *x, int64_t e, int part, int64_t cnt,
+                      int64_t avail, const vd *sh, const vf *ml, int dt)
+{
+    if (grad) {
+        vf g = part ? vf_ld_part(dy, e, cnt, avail, dt) : vf_ld(dy, e, dt);
+        vf v = part ? vf_ld_part(x, e, cnt, avail, dt) : vf_ld(x, e, dt);
+        gstats_step(a, g, centered_ps(v, ml[0], ml[1]));
+    } else if (part) {
+        vf v = vf_ld_part(x, e, cnt, avail, dt);
+        stats_step(a, vf_lo_pd(v), vf_hi_pd(v), sh[0], sh[1]);
+    } else {
+        stats_step(a, vd_ld_widen(x, e, dt), vd_ld_widen(x, e + VD_LANES, dt), sh[0], sh[1]);
+    }
+}
+
+/* nr (1 or 2) rows from element o; t: the partial block's sums, whose
+ * parameters are tsh, tml */
+INLINE void cols_rows(int grad, int nr, const void *dy, const void *x, int64_t o, int64_t w, int64_t n,
+                      const double *shift, const float *const *m, const vd *tsh, const vf *tml, accf *t,
+                      double *acc, int dt)
+{
+    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full;
+    for (int64_t j = 0; j < full; j += VF_LANES) {
+        accf c = accf_load(acc + j, acc + w + j);
+        vd sh[2] = {vd_zero(), vd_zero()};
+        vf ml[2] = {vf_zero(), vf_zero()};
+        if (grad) ml[0] = vf_load(m[0] + j), ml[1] = vf_load(m[1] + j);
+        else sh[0] = vd_load(shift + j), sh[1] = vd_load(shift + j + VD_LANES);
+        for (int k = 0; k < nr; k++) cols_step(grad, &c, dy, x, o + k * w + j, 0, VF_LANES, 0, sh, ml, dt);
+        accf_store(&c, acc + j, acc + w + j);
+    }
+    for (int k = 0; cnt && k < nr; k++)
+        cols_step(grad, t, dy, x, o + k * w + full, 1, cnt, n - o - k * w - full, tsh, tml, dt);
+}
+
+INLINE void sums_cols_ps(int grad, const void *dy, const void *x, int64_t rows, int64_t w, const double *shift,
+                         const float *const *m, double *acc, int dt)
+{
+    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
+    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
+    accf t = accf_zero();
+    vd tsh[2] = {vd_zero(), vd_zero()};
+    vf tml[2] = {vf_zero(), vf_zero()};
+    if (grad) tail_params_ps(m, 2, full, cnt, tml);
+    if (!grad && cnt > 0) tsh[0] = vd_load_part(shift + full, vd_mask_first(cnt));
+    if (!grad && cnt > VD_LANES) tsh[1] = vd_load_part(shift + full + VD_LANES, vd_mask_first(cnt - VD_LANES));
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) cols_rows(grad, 2, dy, x, r * w, w, n, shift, m, tsh, tml, &t, acc, dt);
+    if (r < rows) cols_rows(grad, 1, dy, x, r * w, w, n, shift, m, tsh, tml, &t, acc, dt);
+    if (cnt) accf_store_part(&t, acc + full, acc + w + full, cnt);
+}
+
 INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *shift, double *acc, int dt)
 {
     if (w <= 0) return;
@@ -808,138 +724,7 @@ INLINE void stats_rows_ps(const void *x, int64_t rows, int64_t w, const double *
         fold_accf(&a, &b, w, acc);
         return;
     }
-    /* Full VF_LANES-column blocks accumulate in acc (L1-resident, two rows per
-     * load/store); the partial block sits at the same columns in every row,
-     * so its sums stay in registers. */
-    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
-    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
-    accf t = accf_zero();
-    vd tlo = vd_zero(), thi = vd_zero();
-    if (cnt > 0) tlo = vd_load_part(shift + full, vd_mask_first(cnt));
-    if (cnt > VD_LANES) thi = vd_load_part(shift + full + VD_LANES, vd_mask_first(cnt - VD_LANES));
-    int64_t r = 0;
-    for (; r + 2 <= rows; r += 2) {
-        const int64_t o0 = r * w, o1 = o0 + w;
-        for (int64_t j = 0; j < full; j += VF_LANES) {
-            accf c = accf_load(acc + j, acc + w + j);
-            vd slo = vd_load(shift + j), shi = vd_load(shift + j + VD_LANES);
-            stats_step(&c, vd_ld_widen(x, o0 + j, dt), vd_ld_widen(x, o0 + j + VD_LANES, dt), slo, shi);
-            stats_step(&c, vd_ld_widen(x, o1 + j, dt), vd_ld_widen(x, o1 + j + VD_LANES, dt), slo, shi);
-            accf_store(&c, acc + j, acc + w + j);
-        }
-        if (cnt) {
-            vf v0 = vf_ld_part(x, o0 + full, cnt, n - o0 - full, dt);
-            vf v1 = vf_ld_part(x, o1 + full, cnt, n - o1 - full, dt);
-            stats_step(&t, vf_lo_pd(v0), vf_hi_pd(v0), tlo, thi);
-            stats_step(&t, vf_lo_pd(v1), vf_hi_pd(v1), tlo, thi);
-        }
-    }
-    if (r < rows) {
-        const int64_t o0 = r * w;
-        for (int64_t j = 0; j < full; j += VF_LANES) {
-            accf c = accf_load(acc + j, acc + w + j);
-            stats_step(&c, vd_ld_widen(x, o0 + j, dt), vd_ld_widen(x, o0 + j + VD_LANES, dt),
-                       vd_load(shift + j), vd_load(shift + j + VD_LANES));
-            accf_store(&c, acc + j, acc + w + j);
-        }
-        if (cnt) {
-            vf v0 = vf_ld_part(x, o0 + full, cnt, n - o0 - full, dt);
-            stats_step(&t, vf_lo_pd(v0), vf_hi_pd(v0), tlo, thi);
-        }
-    }
-    if (cnt) accf_store_part(&t, acc + full, acc + w + full, cnt);
-}
-
-/* A run: q as apply_flat_ps's, both sets the same.  bfloat16 goes 2 VF_LANES
- * elements at a time through vf_ld_eo and vf_st_eo.  A run of 2 VF_LANES or
- * more that 2 VF_LANES does not divide ends with whole vectors over its
- * last 2 VF_LANES elements instead of a masked tail: loaded before any store (y may be x)
- * and stored last, so the elements they share with the body are written
- * twice with the same values.  Elementwise, so the outputs are those of
- * apply_flat_ps. */
-INLINE void apply_uni_ps(const void *x, void *y, int64_t n, const vf *q, int dt)
-{
-    if (n < 2 * VF_LANES) {
-        apply_flat_ps(x, y, n, q, dt);
-        return;
-    }
-    const int64_t body = n & ~(int64_t)(2 * VF_LANES - 1);
-    vf t0 = vf_zero(), t1 = t0;
-    if (body < n) {
-        if (dt == CFBN_BF16) vf_ld_eo(x, n - 2 * VF_LANES, &t0, &t1);
-        else t0 = vf_ld(x, n - 2 * VF_LANES, dt), t1 = vf_ld(x, n - VF_LANES, dt);
-    }
-    if (dt == CFBN_BF16) {
-        for (int64_t i = 0; i < body; i += 2 * VF_LANES) {
-            vf e, o;
-            vf_ld_eo(x, i, &e, &o);
-            vf_st_eo(y, i, apply_ps(e, q[0], q[1], q[2], q[3]), apply_ps(o, q[0], q[1], q[2], q[3]));
-        }
-    } else {
-        apply_flat_ps(x, y, body, q, dt);
-    }
-    if (body < n) {
-        t0 = apply_ps(t0, q[0], q[1], q[2], q[3]);
-        t1 = apply_ps(t1, q[0], q[1], q[2], q[3]);
-        if (dt == CFBN_BF16) vf_st_eo(y, n - 2 * VF_LANES, t0, t1);
-        else vf_st2(y, n - 2 * VF_LANES, t0, t1, dt);
-    }
-}
-
-INLINE void apply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
-{
-    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
-    vf a = vf_set1(p->alpha[0]), b = vf_set1(p->beta[0]);
-    const vf q[8] = {m, l, a, b, m, l, a, b};
-    apply_uni_ps(x, y, n, q, dt);
-}
-
-/* Rows of any width, column block by column block with a masked tail.  nt:
- * the blocks' stores non-temporal (rows as rows_stream_ok in bn_route.c
- * allows, whose tails stay within the row: avail is then cnt). */
-INLINE void apply_cols_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt, int nt)
-{
-    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
-    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm;
-    if (cnt) {
-        vf_mask mk = vf_mask_first(cnt);
-        tm = vf_load_part(p->mhi + full, mk);
-        tl = vf_load_part(p->mlo + full, mk);
-        ta = vf_load_part(p->alpha + full, mk);
-        tb = vf_load_part(p->beta + full, mk);
-    }
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t o = r * w;
-        for (int64_t j = 0; j < full; j += VF_LANES) {
-            vf v = apply_ps(vf_ld(x, o + j, dt), vf_load(p->mhi + j), vf_load(p->mlo + j),
-                                vf_load(p->alpha + j), vf_load(p->beta + j));
-            if (nt) vf_st_nt(y, o + j, v, dt);
-            else vf_st(y, o + j, v, dt);
-        }
-        if (cnt) {
-            vf v = vf_ld_part(x, o + full, cnt, nt ? cnt : n - o - full, dt);
-            vf_st_part(y, o + full, apply_ps(v, tm, tl, ta, tb), cnt, dt);
-        }
-    }
-}
-
-INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
-{
-    if (w <= 0) return;
-    if ((2 * VF_LANES) % w == 0) {
-        vf q[8];
-        lanes_ps(p->mhi, w, &q[0], &q[4]);
-        lanes_ps(p->mlo, w, &q[1], &q[5]);
-        lanes_ps(p->alpha, w, &q[2], &q[6]);
-        lanes_ps(p->beta, w, &q[3], &q[7]);
-        apply_flat_ps(x, y, rows * w, q, dt);
-        return;
-    }
-    if (eo_rows(dt, w)) {
-        apply_rows_eo(x, y, rows, w, p, 0);
-        return;
-    }
-    apply_cols_ps(x, y, rows, w, p, dt, 0);
+    sums_cols_ps(0, NULL, x, rows, w, shift, NULL, acc, dt);
 }
 
 /* The gradient sums of `runs` runs of n elements, `stride` apart, with
@@ -997,143 +782,219 @@ INLINE void gstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t 
         if (rows * w >= TREE_SPAN) gstats_redo_columns(dy, x, rows, w, p, acc, dt);
         return;
     }
-    const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
-    memset(acc, 0, (size_t)(2 * w) * sizeof *acc);
-    accf t = accf_zero();
-    vf tm = vf_zero(), tl = tm;
-    if (cnt) {
-        vf_mask mk = vf_mask_first(cnt);
-        tm = vf_load_part(p->mhi + full, mk);
-        tl = vf_load_part(p->mlo + full, mk);
-    }
-    int64_t r = 0;
-    for (; r + 2 <= rows; r += 2) {
-        const int64_t o0 = r * w, o1 = o0 + w;
-        for (int64_t j = 0; j < full; j += VF_LANES) {
-            accf c = accf_load(acc + j, acc + w + j);
-            vf m = vf_load(p->mhi + j), l = vf_load(p->mlo + j);
-            gstats_step(&c, vf_ld(dy, o0 + j, dt), centered_ps(vf_ld(x, o0 + j, dt), m, l));
-            gstats_step(&c, vf_ld(dy, o1 + j, dt), centered_ps(vf_ld(x, o1 + j, dt), m, l));
-            accf_store(&c, acc + j, acc + w + j);
-        }
-        if (cnt) {
-            gstats_step(&t, vf_ld_part(dy, o0 + full, cnt, n - o0 - full, dt),
-                        centered_ps(vf_ld_part(x, o0 + full, cnt, n - o0 - full, dt), tm, tl));
-            gstats_step(&t, vf_ld_part(dy, o1 + full, cnt, n - o1 - full, dt),
-                        centered_ps(vf_ld_part(x, o1 + full, cnt, n - o1 - full, dt), tm, tl));
-        }
-    }
-    if (r < rows) {
-        const int64_t o0 = r * w;
-        for (int64_t j = 0; j < full; j += VF_LANES) {
-            accf c = accf_load(acc + j, acc + w + j);
-            vf m = vf_load(p->mhi + j), l = vf_load(p->mlo + j);
-            gstats_step(&c, vf_ld(dy, o0 + j, dt), centered_ps(vf_ld(x, o0 + j, dt), m, l));
-            accf_store(&c, acc + j, acc + w + j);
-        }
-        if (cnt) {
-            gstats_step(&t, vf_ld_part(dy, o0 + full, cnt, n - o0 - full, dt),
-                        centered_ps(vf_ld_part(x, o0 + full, cnt, n - o0 - full, dt), tm, tl));
-        }
-    }
-    if (cnt) accf_store_part(&t, acc + full, acc + w + full, cnt);
+    const float *const m[2] = {p->mhi, p->mlo};
+    sums_cols_ps(1, dy, x, rows, w, NULL, m, acc, dt);
 }
 
-/* A run, as apply_uni_ps: q as gapply_flat_ps's, both sets the same */
-INLINE void gapply_uni_ps(const void *dy, const void *x, void *dx, int64_t n, const vf *q, int dt)
+/* ---- elementwise passes: the forward's y = ((x - mhi) - mlo) alpha + beta
+ * (grad 0) and the gradient's dx = dy a + ((x - mhi) - mlo) b + c (grad 1),
+ * written once for both; grad is a constant at every call, so each pass is
+ * compiled as its own loop, and the forward's never reads dy.  Per-column
+ * parameters come as arrays v[NPAR(grad)] (mhi, mlo, alpha, beta or mhi,
+ * mlo, a, b, c), vector parameter sets q in that order. ---- */
+
+INLINE vf out_ps(int grad, vf g, vf x, const vf *q)
 {
-    if (n < 2 * VF_LANES) {
-        gapply_flat_ps(dy, x, dx, n, q, dt);
+    return grad ? gapply_ps(g, x, q[0], q[1], q[2], q[3], q[4]) : apply_ps(x, q[0], q[1], q[2], q[3]);
+}
+
+INLINE vf out_at(int grad, const void *dy, const void *x, int64_t i, const vf *q, int dt)
+{
+    return out_ps(grad, grad ? vf_ld(dy, i, dt) : vf_zero(), vf_ld(x, i, dt), q);
+}
+
+/* elements [i, i + cnt), avail of them readable (vf_ld_part) */
+INLINE vf out_part(int grad, const void *dy, const void *x, int64_t i, int64_t cnt, int64_t avail, const vf *q,
+                   int dt)
+{
+    return out_ps(grad, grad ? vf_ld_part(dy, i, cnt, avail, dt) : vf_zero(), vf_ld_part(x, i, cnt, avail, dt), q);
+}
+
+/* 2 VF_LANES elements from i of dy (grad only) and x: bfloat16 as
+ * vf_ld_eo's even and odd lanes, the others as two vectors */
+INLINE void ld_pair(int grad, const void *dy, const void *x, int64_t i, int dt, vf *g, vf *v)
+{
+    g[0] = g[1] = vf_zero();
+    if (dt == CFBN_BF16) {
+        if (grad) vf_ld_eo(dy, i, &g[0], &g[1]);
+        vf_ld_eo(x, i, &v[0], &v[1]);
         return;
     }
-    const int64_t body = n & ~(int64_t)(2 * VF_LANES - 1);
-    vf g0 = vf_zero(), g1 = g0, v0 = g0, v1 = g0;
-    if (body < n) {
-        if (dt == CFBN_BF16) {
-            vf_ld_eo(dy, n - 2 * VF_LANES, &g0, &g1);
-            vf_ld_eo(x, n - 2 * VF_LANES, &v0, &v1);
-        } else {
-            g0 = vf_ld(dy, n - 2 * VF_LANES, dt), g1 = vf_ld(dy, n - VF_LANES, dt);
-            v0 = vf_ld(x, n - 2 * VF_LANES, dt), v1 = vf_ld(x, n - VF_LANES, dt);
-        }
+    if (grad) g[0] = vf_ld(dy, i, dt), g[1] = vf_ld(dy, i + VF_LANES, dt);
+    v[0] = vf_ld(x, i, dt), v[1] = vf_ld(x, i + VF_LANES, dt);
+}
+
+INLINE void col_params_ps(const float *const *v, int k, int64_t j, vf *out)
+{
+    for (int i = 0; i < k; i++) out[i] = vf_load(v[i] + j);
+}
+
+/* k parameters of a flat stream of width w (dividing 2 VF_LANES, lanes_ps):
+ * the even blocks' set, then the odd blocks' */
+INLINE void lanes_params_ps(const float *const *v, int k, int64_t w, vf *q)
+{
+    for (int i = 0; i < k; i++) lanes_ps(v[i], w, &q[i], &q[k + i]);
+}
+
+/* k parameters of a run, each one value broadcast, as both sets */
+INLINE void run_params_ps(const float *const *v, int k, vf *q)
+{
+    for (int i = 0; i < k; i++) q[i] = q[k + i] = vf_set1(v[i][0]);
+}
+
+/* q: the even blocks' set, then the odd blocks' */
+INLINE void out_flat_ps(int grad, const void *dy, const void *x, void *y, int64_t n, const vf *q, int dt)
+{
+    const int k = NPAR(grad), step = grad ? 2 : 4;
+    int64_t i = 0;
+    for (; i + step * VF_LANES <= n; i += step * VF_LANES) {
+        vf r[4];
+        for (int s = 0; s < step; s++) r[s] = out_at(grad, dy, x, i + s * VF_LANES, q + k * (s & 1), dt);
+        for (int s = 0; s < step; s += 2) vf_st2(y, i + s * VF_LANES, r[s], r[s + 1], dt);
     }
+    for (; i + VF_LANES <= n; i += VF_LANES) vf_st(y, i, out_at(grad, dy, x, i, q + k * ((i / VF_LANES) & 1), dt), dt);
+    if (i < n) vf_st_part(y, i, out_part(grad, dy, x, i, n - i, n - i, q + k * ((i / VF_LANES) & 1), dt), n - i, dt);
+}
+
+/* A run: q as out_flat_ps's, both sets the same.  bfloat16 goes 2 VF_LANES
+ * elements at a time through vf_ld_eo and vf_st_eo.  A run of 2 VF_LANES or
+ * more that 2 VF_LANES does not divide ends with whole vectors over its
+ * last 2 VF_LANES elements instead of a masked tail: loaded before any store
+ * (y may be x or dy) and stored last, so the elements they share with the
+ * body are written twice with the same values.  Elementwise, so the
+ * outputs are those of out_flat_ps. */
+INLINE void out_uni_ps(int grad, const void *dy, const void *x, void *y, int64_t n, const vf *q, int dt)
+{
+    if (n < 2 * VF_LANES) {
+        out_flat_ps(grad, dy, x, y, n, q, dt);
+        return;
+    }
+    const int64_t body = n & ~(int64_t)(2 * VF_LANES - 1), e = n - 2 * VF_LANES;
+    vf tg[2] = {vf_zero(), vf_zero()}, tv[2] = {vf_zero(), vf_zero()};
+    if (body < n) ld_pair(grad, dy, x, e, dt, tg, tv);
     if (dt == CFBN_BF16) {
         for (int64_t i = 0; i < body; i += 2 * VF_LANES) {
-            vf ge, go, xe, xo;
-            vf_ld_eo(dy, i, &ge, &go);
-            vf_ld_eo(x, i, &xe, &xo);
-            vf_st_eo(dx, i, gapply_ps(ge, xe, q[0], q[1], q[2], q[3], q[4]),
-                    gapply_ps(go, xo, q[0], q[1], q[2], q[3], q[4]));
+            vf g[2], v[2];
+            ld_pair(grad, dy, x, i, dt, g, v);
+            vf_st_eo(y, i, out_ps(grad, g[0], v[0], q), out_ps(grad, g[1], v[1], q));
         }
     } else {
-        gapply_flat_ps(dy, x, dx, body, q, dt);
+        out_flat_ps(grad, dy, x, y, body, q, dt);
     }
     if (body < n) {
-        vf r0 = gapply_ps(g0, v0, q[0], q[1], q[2], q[3], q[4]), r1 = gapply_ps(g1, v1, q[0], q[1], q[2], q[3], q[4]);
-        if (dt == CFBN_BF16) vf_st_eo(dx, n - 2 * VF_LANES, r0, r1);
-        else vf_st2(dx, n - 2 * VF_LANES, r0, r1, dt);
+        vf r0 = out_ps(grad, tg[0], tv[0], q), r1 = out_ps(grad, tg[1], tv[1], q);
+        if (dt == CFBN_BF16) vf_st_eo(y, e, r0, r1);
+        else vf_st2(y, e, r0, r1, dt);
     }
 }
 
-INLINE void gapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
+/* Rows of any width, column block by column block with a masked tail.  nt:
+ * the blocks' stores non-temporal (rows as rows_stream_ok in bn_route.c
+ * allows, whose tails stay within the row: avail is then cnt). */
+INLINE void out_cols_ps(int grad, const void *dy, const void *x, void *y, int64_t rows, int64_t w,
+                        const float *const *v, int dt, int nt)
 {
-    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
-    vf a = vf_set1(p->a[0]), b = vf_set1(p->b[0]), c = vf_set1(p->c[0]);
-    const vf q[10] = {m, l, a, b, c, m, l, a, b, c};
-    gapply_uni_ps(dy, x, dx, n, q, dt);
-}
-
-/* Rows of any width, as apply_cols_ps */
-INLINE void gapply_cols_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                           int dt, int nt)
-{
+    const int k = NPAR(grad);
     const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
-    vf tm = vf_zero(), tl = tm, ta = tm, tb = tm, tc = tm;
-    if (cnt) {
-        vf_mask mk = vf_mask_first(cnt);
-        tm = vf_load_part(p->mhi + full, mk);
-        tl = vf_load_part(p->mlo + full, mk);
-        ta = vf_load_part(p->a + full, mk);
-        tb = vf_load_part(p->b + full, mk);
-        tc = vf_load_part(p->c + full, mk);
-    }
+    vf t[5];
+    tail_params_ps(v, k, full, cnt, t);
     for (int64_t r = 0; r < rows; r++) {
         const int64_t o = r * w;
         for (int64_t j = 0; j < full; j += VF_LANES) {
-            vf v = gapply_ps(vf_ld(dy, o + j, dt), vf_ld(x, o + j, dt), vf_load(p->mhi + j),
-                                 vf_load(p->mlo + j), vf_load(p->a + j), vf_load(p->b + j),
-                                 vf_load(p->c + j));
-            if (nt) vf_st_nt(dx, o + j, v, dt);
-            else vf_st(dx, o + j, v, dt);
+            vf q[5];
+            col_params_ps(v, k, j, q);
+            vf u = out_at(grad, dy, x, o + j, q, dt);
+            if (nt) vf_st_nt(y, o + j, u, dt);
+            else vf_st(y, o + j, u, dt);
         }
-        if (cnt) {
-            const int64_t avail = nt ? cnt : n - o - full;
-            vf g = vf_ld_part(dy, o + full, cnt, avail, dt);
-            vf v = vf_ld_part(x, o + full, cnt, avail, dt);
-            vf_st_part(dx, o + full, gapply_ps(g, v, tm, tl, ta, tb, tc), cnt, dt);
-        }
+        if (cnt) vf_st_part(y, o + full, out_part(grad, dy, x, o + full, cnt, nt ? cnt : n - o - full, t, dt), cnt, dt);
     }
 }
 
-INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
-                           int dt)
+/* out_ps with parameters in eo_params's layout: the group at c, h = 0 for
+ * the even lanes and VF_LANES for the odd ones */
+INLINE vf out_eo_ps(int grad, vf g, vf x, const float *c, int h)
+{
+    vf q[5];
+    for (int a = 0; a < NPAR(grad); a++) q[a] = vf_load(c + a * EO_GROUP + h);
+    return out_ps(grad, g, x, q);
+}
+
+/* Stores the 2 EO_GROUP elements h0, h1 at y[i..]: regular stores, or (nt)
+ * non-temporal ones as vh_stream_seq's */
+INLINE void st_eo2_seq(void *y, int64_t i, vh h0, vh h1, int nt, int half, vh *prev)
+{
+    if (nt) {
+        vh_stream_seq(y, i, h0, half, prev);
+        vh_stream_seq(y, i + EO_GROUP, h1, half, prev);
+        return;
+    }
+    vh_st(y, i, h0);
+    vh_st(y, i + EO_GROUP, h1);
+}
+
+/* bfloat16 rows as eo_rows allows, row by row with one pointer through the
+ * parameters; widths of a multiple of 2 EO_GROUP take two groups at a time
+ * with one NaN test.  nt: non-temporal stores (rows VF_NT_MIN_ALIGN-byte
+ * aligned; half: not VF_NT_ALIGN-aligned) as vh_stream_seq's, the inputs
+ * prefetched about once a line. */
+INLINE void out_rows_eo(int grad, const void *dy, const void *x, void *y, int64_t rows, int64_t w,
+                        const float *const *v, int nt)
+{
+    const int k = NPAR(grad);
+    float q[5 * EO_MAX_W];
+    eo_params(v, k, w, q);
+    const int half = ((uintptr_t)y % VF_NT_ALIGN) != 0;
+    vh prev = vh_zero();
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t o = r * w;
+        const float *c = q;
+        if (w % (2 * EO_GROUP) == 0) {
+            for (int64_t i = o; i < o + w; i += 2 * EO_GROUP, c += 2 * k * EO_GROUP) {
+                vf g0[2], v0[2], g1[2], v1[2];
+                vh h0, h1;
+                if (nt && grad) prefetch_lines_h(dy, i, 2 * EO_GROUP);
+                if (nt) prefetch_lines_h(x, i, 2 * EO_GROUP);
+                ld_pair(grad, dy, x, i, CFBN_BF16, g0, v0);
+                ld_pair(grad, dy, x, i + EO_GROUP, CFBN_BF16, g1, v1);
+                vh_narrow_eo2(out_eo_ps(grad, g0[0], v0[0], c, 0), out_eo_ps(grad, g0[1], v0[1], c, VF_LANES),
+                              out_eo_ps(grad, g1[0], v1[0], c + k * EO_GROUP, 0),
+                              out_eo_ps(grad, g1[1], v1[1], c + k * EO_GROUP, VF_LANES), &h0, &h1);
+                st_eo2_seq(y, i, h0, h1, nt, half, &prev);
+            }
+            continue;
+        }
+        for (int64_t i = o; i < o + w; i += EO_GROUP, c += k * EO_GROUP) {
+            vf g[2], u[2];
+            if (nt && grad && !(i % HALFWORDS_PER_LINE)) prefetch_ahead_of(dy, i, CFBN_BF16);
+            if (nt && !(i % HALFWORDS_PER_LINE)) prefetch_ahead_of(x, i, CFBN_BF16);
+            ld_pair(grad, dy, x, i, CFBN_BF16, g, u);
+            u[0] = out_eo_ps(grad, g[0], u[0], c, 0);
+            u[1] = out_eo_ps(grad, g[1], u[1], c, VF_LANES);
+            if (nt) vh_stream_seq(y, i, vh_narrow_eo(u[0], u[1]), half, &prev);
+            else vf_st_eo(y, i, u[0], u[1]);
+        }
+    }
+    if (nt) vh_stream_seq_end(y, rows * w, half, prev);
+}
+
+/* Rows of width w: a flat stream where w divides 2 VF_LANES, bfloat16 rows
+ * as eo_rows allows through out_rows_eo, others block by block
+ * (out_cols_ps).  nt (rows as rows_stream_ok allows): non-temporal stores,
+ * then a fence. */
+INLINE void out_rows_ps(int grad, const void *dy, const void *x, void *y, int64_t rows, int64_t w,
+                        const float *const *v, int dt, int nt)
 {
     if (w <= 0) return;
-    if ((2 * VF_LANES) % w == 0) {
+    if (!nt && (2 * VF_LANES) % w == 0) {
         vf q[10];
-        lanes_ps(p->mhi, w, &q[0], &q[5]);
-        lanes_ps(p->mlo, w, &q[1], &q[6]);
-        lanes_ps(p->a, w, &q[2], &q[7]);
-        lanes_ps(p->b, w, &q[3], &q[8]);
-        lanes_ps(p->c, w, &q[4], &q[9]);
-        gapply_flat_ps(dy, x, dx, rows * w, q, dt);
+        lanes_params_ps(v, NPAR(grad), w, q);
+        out_flat_ps(grad, dy, x, y, rows * w, q, dt);
         return;
     }
-    if (eo_rows(dt, w)) {
-        gapply_rows_eo(dy, x, dx, rows, w, p, 0);
-        return;
-    }
-    gapply_cols_ps(dy, x, dx, rows, w, p, dt, 0);
+    if (eo_rows(dt, w)) out_rows_eo(grad, dy, x, y, rows, w, v, nt);
+    else out_cols_ps(grad, dy, x, y, rows, w, v, dt, nt);
+    if (nt) stream_fence();
 }
 
 /* ---- non-temporal stores (f32, f16, bf16 storage) ----
@@ -1158,8 +1019,8 @@ INLINE int nt_aligned(const void *p, int64_t i, int dt)
     return (uintptr_t)elem_at(p, i, dt) % VF_NT_ALIGN == 0;
 }
 
-/* The streaming run and rows loops store a whole vector at a time where
- * they can (float: where the output is VF_NT_ALIGN-aligned after the
+/* The streaming run loop stores a whole vector at a time where it can
+ * (float: where the output is VF_NT_ALIGN-aligned after the
  * VF_NT_MIN_ALIGN peel; bfloat16: 4 VF_LANES elements a step, one NaN test
  * and one prefetch a line), not VF_NT_MIN_ALIGN-byte pieces: the core then
  * keeps up with the memory bus better.  Float outputs that stay
@@ -1171,88 +1032,94 @@ INLINE int nt_aligned(const void *p, int64_t i, int dt)
  * bfloat16 11.6 -> 10.8 and 14.6 -> 12.5 ms in two sets.  The bfloat16 peel
  * of VF_LANES elements aligns an output VF_NT_MIN_ALIGN bytes past
  * VF_NT_ALIGN (all there is on AVX2); one it leaves misaligned takes the
- * smaller stores. */
-INLINE void apply_run_nt_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
+ * smaller stores.  q: one parameter set. */
+INLINE void out_run_nt_ps(int grad, const void *dy, const void *x, void *y, int64_t n, const vf *q, int dt)
 {
-    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
-    vf a = vf_set1(p->alpha[0]), b = vf_set1(p->beta[0]);
     int64_t i = peel_nt(y, n, dt);
-    if (i) vf_st_part(y, 0, apply_ps(vf_ld_part(x, 0, i, n, dt), m, l, a, b), i, dt);
+    if (i) vf_st_part(y, 0, out_part(grad, dy, x, 0, i, n, q, dt), i, dt);
     if (!dt && nt_aligned(y, i, dt))
-        for (; i + VF_LANES <= n; i += VF_LANES)
-            vf_stream_aligned((float *)y, i, apply_ps(vf_ld(x, i, dt), m, l, a, b));
+        for (; i + VF_LANES <= n; i += VF_LANES) vf_stream_aligned((float *)y, i, out_at(grad, dy, x, i, q, dt));
     if (dt == CFBN_BF16 && i + VF_LANES <= n && !nt_aligned(y, i, dt)) {
-        vf_st_nt(y, i, apply_ps(vf_ld(x, i, dt), m, l, a, b), dt);
+        vf_st_nt(y, i, out_at(grad, dy, x, i, q, dt), dt);
         i += VF_LANES;
     }
     if (dt == CFBN_BF16 && nt_aligned(y, i, dt)) {
         for (; i + 4 * VF_LANES <= n; i += 4 * VF_LANES) {
-            vf e0, o0, e1, o1;
+            vf g0[2], v0[2], g1[2], v1[2];
+            if (grad) prefetch_lines_h(dy, i, 4 * VF_LANES);
             prefetch_lines_h(x, i, 4 * VF_LANES);
-            vf_ld_eo(x, i, &e0, &o0);
-            vf_ld_eo(x, i + 2 * VF_LANES, &e1, &o1);
-            vf_st_eo2_nt(y, i, apply_ps(e0, m, l, a, b), apply_ps(o0, m, l, a, b), apply_ps(e1, m, l, a, b),
-                         apply_ps(o1, m, l, a, b));
+            ld_pair(grad, dy, x, i, dt, g0, v0);
+            ld_pair(grad, dy, x, i + 2 * VF_LANES, dt, g1, v1);
+            vf_st_eo2_nt(y, i, out_ps(grad, g0[0], v0[0], q), out_ps(grad, g0[1], v0[1], q),
+                         out_ps(grad, g1[0], v1[0], q), out_ps(grad, g1[1], v1[1], q));
         }
     }
-    for (; i + 2 * VF_LANES <= n; i += 2 * VF_LANES) {
-        vf v0 = vf_ld(x, i, dt), v1 = vf_ld(x, i + VF_LANES, dt);
-        vf_st_nt(y, i, apply_ps(v0, m, l, a, b), dt);
-        vf_st_nt(y, i + VF_LANES, apply_ps(v1, m, l, a, b), dt);
+    for (; !grad && i + 2 * VF_LANES <= n; i += 2 * VF_LANES) {
+        vf r0 = out_at(grad, dy, x, i, q, dt), r1 = out_at(grad, dy, x, i + VF_LANES, q, dt);
+        vf_st_nt(y, i, r0, dt);
+        vf_st_nt(y, i + VF_LANES, r1, dt);
     }
-    for (; i + VF_LANES <= n; i += VF_LANES) vf_st_nt(y, i, apply_ps(vf_ld(x, i, dt), m, l, a, b), dt);
-    if (i < n) vf_st_part(y, i, apply_ps(vf_ld_part(x, i, n - i, n - i, dt), m, l, a, b), n - i, dt);
+    for (; i + VF_LANES <= n; i += VF_LANES) vf_st_nt(y, i, out_at(grad, dy, x, i, q, dt), dt);
+    if (i < n) vf_st_part(y, i, out_part(grad, dy, x, i, n - i, n - i, q, dt), n - i, dt);
     stream_fence();
 }
 
-/* rows of w starting 16-byte aligned, w a multiple of 16 bytes
- * (rows_stream_ok in bn_route.c; VF_NT_MIN_ALIGN is at most 16) */
+/* ---- the elementwise entries ---- */
+
+INLINE void apply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
+{
+    const float *const v[4] = APPLY_ARRAYS(p);
+    vf q[8];
+    run_params_ps(v, 4, q);
+    out_uni_ps(0, NULL, x, y, n, q, dt);
+}
+
+INLINE void apply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
+{
+    const float *const v[4] = APPLY_ARRAYS(p);
+    out_rows_ps(0, NULL, x, y, rows, w, v, dt, 0);
+}
+
+INLINE void gapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
+{
+    const float *const v[5] = GRAD_ARRAYS(p);
+    vf q[10];
+    run_params_ps(v, 5, q);
+    out_uni_ps(1, dy, x, dx, n, q, dt);
+}
+
+INLINE void gapply_rows_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w, const cfbn_grad_f32 *p,
+                           int dt)
+{
+    const float *const v[5] = GRAD_ARRAYS(p);
+    out_rows_ps(1, dy, x, dx, rows, w, v, dt, 0);
+}
+
+INLINE void apply_run_nt_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
+{
+    const float *const v[4] = APPLY_ARRAYS(p);
+    vf q[8];
+    run_params_ps(v, 4, q);
+    out_run_nt_ps(0, NULL, x, y, n, q, dt);
+}
+
 INLINE void apply_rows_nt_ps(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p, int dt)
 {
-    if (eo_rows(dt, w)) apply_rows_eo(x, y, rows, w, p, 1);
-    else apply_cols_ps(x, y, rows, w, p, dt, 1);
-    stream_fence();
+    const float *const v[4] = APPLY_ARRAYS(p);
+    out_rows_ps(0, NULL, x, y, rows, w, v, dt, 1);
 }
 
 INLINE void gapply_run_nt_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
-    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
-    vf a = vf_set1(p->a[0]), b = vf_set1(p->b[0]), c = vf_set1(p->c[0]);
-    int64_t i = peel_nt(dx, n, dt);
-    if (i) vf_st_part(dx, 0, gapply_ps(vf_ld_part(dy, 0, i, n, dt), vf_ld_part(x, 0, i, n, dt), m, l, a, b, c), i, dt);
-    if (!dt && nt_aligned(dx, i, dt))
-        for (; i + VF_LANES <= n; i += VF_LANES)
-            vf_stream_aligned((float *)dx, i, gapply_ps(vf_ld(dy, i, dt), vf_ld(x, i, dt), m, l, a, b, c));
-    if (dt == CFBN_BF16 && i + VF_LANES <= n && !nt_aligned(dx, i, dt)) {
-        vf_st_nt(dx, i, gapply_ps(vf_ld(dy, i, dt), vf_ld(x, i, dt), m, l, a, b, c), dt);
-        i += VF_LANES;
-    }
-    if (dt == CFBN_BF16 && nt_aligned(dx, i, dt)) {
-        for (; i + 4 * VF_LANES <= n; i += 4 * VF_LANES) {
-            vf ge0, go0, xe0, xo0, ge1, go1, xe1, xo1;
-            prefetch_lines_h(dy, i, 4 * VF_LANES);
-            prefetch_lines_h(x, i, 4 * VF_LANES);
-            vf_ld_eo(dy, i, &ge0, &go0);
-            vf_ld_eo(x, i, &xe0, &xo0);
-            vf_ld_eo(dy, i + 2 * VF_LANES, &ge1, &go1);
-            vf_ld_eo(x, i + 2 * VF_LANES, &xe1, &xo1);
-            vf_st_eo2_nt(dx, i, gapply_ps(ge0, xe0, m, l, a, b, c), gapply_ps(go0, xo0, m, l, a, b, c),
-                         gapply_ps(ge1, xe1, m, l, a, b, c), gapply_ps(go1, xo1, m, l, a, b, c));
-        }
-    }
-    for (; i + VF_LANES <= n; i += VF_LANES)
-        vf_st_nt(dx, i, gapply_ps(vf_ld(dy, i, dt), vf_ld(x, i, dt), m, l, a, b, c), dt);
-    if (i < n) {
-        int64_t k = n - i;
-        vf_st_part(dx, i, gapply_ps(vf_ld_part(dy, i, k, k, dt), vf_ld_part(x, i, k, k, dt), m, l, a, b, c), k, dt);
-    }
-    stream_fence();
+    const float *const v[5] = GRAD_ARRAYS(p);
+    vf q[10];
+    run_params_ps(v, 5, q);
+    out_run_nt_ps(1, dy, x, dx, n, q, dt);
 }
 
 INLINE void gapply_rows_nt_ps(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,
                               const cfbn_grad_f32 *p, int dt)
 {
-    if (eo_rows(dt, w)) gapply_rows_eo(dy, x, dx, rows, w, p, 1);
-    else gapply_cols_ps(dy, x, dx, rows, w, p, dt, 1);
-    stream_fence();
+    const float *const v[5] = GRAD_ARRAYS(p);
+    out_rows_ps(1, dy, x, dx, rows, w, v, dt, 1);
 }

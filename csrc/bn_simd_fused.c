@@ -184,14 +184,6 @@ INLINE vf fused_g_ps(vf dy, vf x, vf s, const vf *q, int kind, int has_side, vf 
     return vf_mul(dy, act_grad_ps(fused_pre_ps(x, s, q, has_side), kind, al));
 }
 
-/* Parameters of the masked tail columns [full, full + cnt) of a row; the
- * dead lanes are 0, whatever they compute is never stored or summed. */
-INLINE void tail_params_ps(const float *const *v, int k, int64_t full, int64_t cnt, vf *out)
-{
-    vf_mask mk = vf_mask_first(cnt);
-    for (int i = 0; i < k; i++) out[i] = cnt ? vf_load_part(v[i] + full, mk) : vf_zero();
-}
-
 /* ya or yb, which are given only with an activation: without one they are
  * never used, and mhi (of the same w columns) stands in for them so that
  * the loops' parameter loads stay in bounds */
@@ -200,10 +192,9 @@ INLINE const float *yab_ps(const float *v, const cfbn_grad_f32 *p)
     return p->act != CFBN_ACT_NONE ? v : p->mhi;
 }
 
-INLINE void col_params_ps(const float *const *v, int k, int64_t j, vf *out)
-{
-    for (int i = 0; i < k; i++) out[i] = vf_load(v[i] + j);
-}
+/* A fused gradient's parameter arrays: mhi, mlo, ya, yb, then a, b, c,
+ * which the sums kernels (the first 4) do not take */
+#define FGRAD_ARRAYS(p) {(p)->mhi, (p)->mlo, yab_ps((p)->ya, p), yab_ps((p)->yb, p), (p)->a, (p)->b, (p)->c}
 
 /* Whole vectors of fused outputs: with nt, non-temporal stores (outputs
  * 16-byte aligned at every vector, as vf_st_nt needs and the plain *_nt
@@ -233,39 +224,64 @@ INLINE int fused_nt(int stream, int dt, const void *out, const void *out2, int64
 
 /* ---- forward: y = act(pre + side) ---- */
 
-/* q: mhi, mlo, alpha, beta of even blocks, then of odd blocks */
-INLINE void fapply_flat_ps(const void *x, const void *side, void *y, int64_t n, const vf *q, int kind, int hs,
-                           vf al, int dt, int nt)
+/* The fused elementwise passes, forward (grad 0: y = act(pre + side), q =
+ * mhi, mlo, alpha, beta) and gradient (grad 1: dx = g a + ((x - mhi) - mlo)
+ * b + c, g stored to sg too where given; q = mhi, mlo, ya, yb, a, b, c),
+ * written once as the plain ones are (out_ps).  nv (1, 2 or 4) whole
+ * vectors from i, alternating the parameter sets q and q + FPAR(grad): all
+ * of them read before any is written. */
+#define FPAR(grad) ((grad) ? 7 : 4)
+
+INLINE void fout_vecs(int grad, int nv, const void *dy, const void *x, const void *side, void *y, void *sg, int64_t i,
+                      const vf *q, int kind, int hs, vf al, int dt, int nt)
 {
-    const vf z = vf_zero();
+    vf xv[4], sv[4], g[4], o[4];
+    for (int v = 0; v < nv; v++) {
+        xv[v] = vf_ld(x, i + v * VF_LANES, dt);
+        sv[v] = hs ? vf_ld(side, i + v * VF_LANES, dt) : vf_zero();
+    }
+    for (int v = 0; v < nv; v++) {
+        const vf *r = q + FPAR(grad) * (v & 1);
+        if (!grad) {
+            o[v] = act_ps(fused_pre_ps(xv[v], sv[v], r, hs), kind, al);
+            continue;
+        }
+        g[v] = fused_g_ps(vf_ld(dy, i + v * VF_LANES, dt), xv[v], sv[v], r, kind, hs, al);
+        o[v] = gapply_ps(g[v], xv[v], r[0], r[1], r[4], r[5], r[6]);
+    }
+    for (int v = 0; grad && sg && v < nv; v++) st_out(sg, i + v * VF_LANES, g[v], dt, nt);
+    for (int v = 0; v < nv; v++) st_out(y, i + v * VF_LANES, o[v], dt, nt);
+}
+
+/* The first cnt elements from i (avail readable), with parameters r */
+INLINE void fout_part(int grad, const void *dy, const void *x, const void *side, void *y, void *sg, int64_t i,
+                      int64_t cnt, int64_t avail, const vf *r, int kind, int hs, vf al, int dt)
+{
+    vf x0 = vf_ld_part(x, i, cnt, avail, dt), s0 = hs ? vf_ld_part(side, i, cnt, avail, dt) : vf_zero();
+    if (!grad) {
+        vf_st_part(y, i, act_ps(fused_pre_ps(x0, s0, r, hs), kind, al), cnt, dt);
+        return;
+    }
+    vf g0 = fused_g_ps(vf_ld_part(dy, i, cnt, avail, dt), x0, s0, r, kind, hs, al);
+    if (sg) vf_st_part(sg, i, g0, cnt, dt);
+    vf_st_part(y, i, gapply_ps(g0, x0, r[0], r[1], r[4], r[5], r[6]), cnt, dt);
+}
+
+/* A flat stream: q, the even blocks' set, then the odd blocks'; the forward
+ * 4 vectors a step, the gradient 2 */
+INLINE void fout_flat_ps(int grad, const void *dy, const void *x, const void *side, void *y, void *sg, int64_t n,
+                         const vf *q, int kind, int hs, vf al, int dt, int nt)
+{
     int64_t i = 0;
-    for (; i + 4 * VF_LANES <= n; i += 4 * VF_LANES) {
-        vf x0 = vf_ld(x, i, dt), x1 = vf_ld(x, i + VF_LANES, dt);
-        vf x2 = vf_ld(x, i + 2 * VF_LANES, dt), x3 = vf_ld(x, i + 3 * VF_LANES, dt);
-        vf s0 = hs ? vf_ld(side, i, dt) : z, s1 = hs ? vf_ld(side, i + VF_LANES, dt) : z;
-        vf s2 = hs ? vf_ld(side, i + 2 * VF_LANES, dt) : z, s3 = hs ? vf_ld(side, i + 3 * VF_LANES, dt) : z;
-        st_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
-        st_out(y, i + VF_LANES, act_ps(fused_pre_ps(x1, s1, q + 4, hs), kind, al), dt, nt);
-        st_out(y, i + 2 * VF_LANES, act_ps(fused_pre_ps(x2, s2, q, hs), kind, al), dt, nt);
-        st_out(y, i + 3 * VF_LANES, act_ps(fused_pre_ps(x3, s3, q + 4, hs), kind, al), dt, nt);
-    }
-    for (; i + 2 * VF_LANES <= n; i += 2 * VF_LANES) {
-        vf x0 = vf_ld(x, i, dt), x1 = vf_ld(x, i + VF_LANES, dt);
-        vf s0 = hs ? vf_ld(side, i, dt) : z, s1 = hs ? vf_ld(side, i + VF_LANES, dt) : z;
-        st_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
-        st_out(y, i + VF_LANES, act_ps(fused_pre_ps(x1, s1, q + 4, hs), kind, al), dt, nt);
-    }
+    for (; !grad && i + 4 * VF_LANES <= n; i += 4 * VF_LANES)
+        fout_vecs(grad, 4, dy, x, side, y, sg, i, q, kind, hs, al, dt, nt);
+    for (; i + 2 * VF_LANES <= n; i += 2 * VF_LANES) fout_vecs(grad, 2, dy, x, side, y, sg, i, q, kind, hs, al, dt, nt);
     if (i + VF_LANES <= n) {
-        vf x0 = vf_ld(x, i, dt), s0 = hs ? vf_ld(side, i, dt) : z;
-        st_out(y, i, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
+        fout_vecs(grad, 1, dy, x, side, y, sg, i, q, kind, hs, al, dt, nt);
         i += VF_LANES;
     }
-    if (i < n) {
-        const vf *r = q + 4 * ((i / VF_LANES) & 1);
-        int64_t cnt = n - i;
-        vf x0 = vf_ld_part(x, i, cnt, cnt, dt), s0 = hs ? vf_ld_part(side, i, cnt, cnt, dt) : z;
-        vf_st_part(y, i, act_ps(fused_pre_ps(x0, s0, r, hs), kind, al), cnt, dt);
-    }
+    if (i < n)
+        fout_part(grad, dy, x, side, y, sg, i, n - i, n - i, q + FPAR(grad) * ((i / VF_LANES) & 1), kind, hs, al, dt);
 }
 
 /* rows of a width that 2 VF_LANES does not divide: VF_LANES columns at a
@@ -273,9 +289,8 @@ INLINE void fapply_flat_ps(const void *x, const void *side, void *y, int64_t n, 
 INLINE void fapply_rows_w_ps(const void *x, const void *side, void *y, int64_t rows, int64_t w,
                              const cfbn_apply_f32 *p, int kind, int hs, vf al, int dt, int nt)
 {
-    const float *const v[4] = {p->mhi, p->mlo, p->alpha, p->beta};
+    const float *const v[4] = APPLY_ARRAYS(p);
     const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
-    const vf z = vf_zero();
     vf t[4];
     tail_params_ps(v, 4, full, cnt, t);
     for (int64_t r = 0; r < rows; r++) {
@@ -283,47 +298,24 @@ INLINE void fapply_rows_w_ps(const void *x, const void *side, void *y, int64_t r
         for (int64_t j = 0; j < full; j += VF_LANES) {
             vf q[4];
             col_params_ps(v, 4, j, q);
-            vf x0 = vf_ld(x, o + j, dt), s0 = hs ? vf_ld(side, o + j, dt) : z;
-            st_out(y, o + j, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
+            fout_vecs(0, 1, NULL, x, side, y, NULL, o + j, q, kind, hs, al, dt, nt);
         }
-        if (cnt) {
-            const int64_t av = n - o - full;
-            vf x0 = vf_ld_part(x, o + full, cnt, av, dt), s0 = hs ? vf_ld_part(side, o + full, cnt, av, dt) : z;
-            vf_st_part(y, o + full, act_ps(fused_pre_ps(x0, s0, t, hs), kind, al), cnt, dt);
-        }
+        if (cnt) fout_part(0, NULL, x, side, y, NULL, o + full, cnt, n - o - full, t, kind, hs, al, dt);
     }
 }
 
-/* One run's broadcast parameters of a fused forward kernel: mhi, mlo,
- * alpha, beta, twice (even and odd blocks) */
+/* One run's broadcast parameters of a fused kernel (run_params_ps): mhi,
+ * mlo, alpha, beta (forward) or FGRAD_ARRAYS's first k */
 INLINE void fapply_params_ps(const cfbn_apply_f32 *p, vf *q)
 {
-    q[0] = q[4] = vf_set1(p->mhi[0]);
-    q[1] = q[5] = vf_set1(p->mlo[0]);
-    q[2] = q[6] = vf_set1(p->alpha[0]);
-    q[3] = q[7] = vf_set1(p->beta[0]);
+    const float *const v[4] = APPLY_ARRAYS(p);
+    run_params_ps(v, 4, q);
 }
 
-/* One run's broadcast parameters of a fused gradient kernel: mhi, mlo, ya,
- * yb (0 without an activation, which never reads them), then for the
- * gapply kernels also a, b, c; the set twice, for even and odd blocks
- * (q: 8 or 14 vectors). */
-INLINE void fgrad_params_ps(const cfbn_grad_f32 *p, int gapply, vf *q)
+INLINE void fgrad_params_ps(const cfbn_grad_f32 *p, int k, vf *q)
 {
-    const int w = gapply ? 7 : 4;
-    q[0] = vf_set1(p->mhi[0]);
-    q[1] = vf_set1(p->mlo[0]);
-    q[2] = q[3] = vf_zero();
-    if (p->act != CFBN_ACT_NONE) {
-        q[2] = vf_set1(p->ya[0]);
-        q[3] = vf_set1(p->yb[0]);
-    }
-    if (gapply) {
-        q[4] = vf_set1(p->a[0]);
-        q[5] = vf_set1(p->b[0]);
-        q[6] = vf_set1(p->c[0]);
-    }
-    for (int i = 0; i < w; i++) q[w + i] = q[i];
+    const float *const v[7] = FGRAD_ARRAYS(p);
+    run_params_ps(v, k, q);
 }
 
 INLINE void fapply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
@@ -333,7 +325,7 @@ INLINE void fapply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f3
     vf q[8];
     fapply_params_ps(p, q);
     const void *side = p->side;
-#define FAPPLY_RUN(k) fapply_flat_ps(x, side, y, n, q, k, side != NULL, al, dt, nt)
+#define FAPPLY_RUN(k) fout_flat_ps(0, NULL, x, side, y, NULL, n, q, k, side != NULL, al, dt, nt)
     FUSED_SPECIALIZE(p->act, side, FAPPLY_RUN)
 #undef FAPPLY_RUN
     if (nt) stream_fence();
@@ -346,12 +338,10 @@ INLINE void fapply_rows_ps(const void *x, void *y, int64_t rows, int64_t w, cons
     const void *side = p->side;
     const vf al = vf_set1(p->act_alpha);
     if ((2 * VF_LANES) % w == 0) {
+        const float *const v[4] = APPLY_ARRAYS(p);
         vf q[8];
-        lanes_ps(p->mhi, w, &q[0], &q[4]);
-        lanes_ps(p->mlo, w, &q[1], &q[5]);
-        lanes_ps(p->alpha, w, &q[2], &q[6]);
-        lanes_ps(p->beta, w, &q[3], &q[7]);
-#define FAPPLY_FLAT(k) fapply_flat_ps(x, side, y, rows * w, q, k, side != NULL, al, dt, nt)
+        lanes_params_ps(v, 4, w, q);
+#define FAPPLY_FLAT(k) fout_flat_ps(0, NULL, x, side, y, NULL, rows * w, q, k, side != NULL, al, dt, nt)
         FUSED_SPECIALIZE(p->act, side, FAPPLY_FLAT)
 #undef FAPPLY_FLAT
         if (nt) stream_fence();
@@ -441,8 +431,7 @@ INLINE void accf_add_to(const accf *a, double *s1, double *s2)
 INLINE void fgstats_rows_w_ps(const void *dy, const void *x, const void *side, int64_t rows, int64_t w,
                               const cfbn_grad_f32 *p, int kind, int hs, vf al, int dt, double *acc)
 {
-    const float *ya = yab_ps(p->ya, p), *yb = yab_ps(p->yb, p);
-    const float *const v[4] = {p->mhi, p->mlo, ya, yb};
+    const float *const v[7] = FGRAD_ARRAYS(p);
     const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
     const size_t es = dt ? 2 : 4;
     const vf z = vf_zero();
@@ -624,7 +613,7 @@ INLINE void fgstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_
 {
     const vf al = vf_set1(p->act_alpha);
     vf q[8];
-    fgrad_params_ps(p, 0, q);
+    fgrad_params_ps(p, 4, q);
     const void *side = p->side;
 #define FGSTATS_RUN(k) fgstats_tree_ps(dy, x, side, p->g_out, n, q, k, side != NULL, al, dt, acc)
     FUSED_SPECIALIZE(p->act, side, FGSTATS_RUN)
@@ -645,14 +634,9 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
         return;
     }
     if ((2 * VF_LANES) % w == 0) {
+        const float *const v[7] = FGRAD_ARRAYS(p);
         vf q[8];
-        lanes_ps(p->mhi, w, &q[0], &q[4]);
-        lanes_ps(p->mlo, w, &q[1], &q[5]);
-        q[2] = q[3] = q[6] = q[7] = vf_zero();
-        if (p->act != CFBN_ACT_NONE) {
-            lanes_ps(p->ya, w, &q[2], &q[6]);
-            lanes_ps(p->yb, w, &q[3], &q[7]);
-        }
+        lanes_params_ps(v, 4, w, q);
         /* zero for a code outside enum cfbn_activation, which reaches no
          * call below (and -Wmaybe-uninitialized sees that path) */
         accf e = accf_zero(), o = accf_zero();
@@ -669,48 +653,11 @@ INLINE void fgstats_rows_ps(const void *dy, const void *x, int64_t rows, int64_t
 
 /* ---- gradient apply: dx = g a + ((x - mhi) - mlo) b + c, side_grad = g ---- */
 
-/* q: mhi, mlo, ya, yb, a, b, c of even blocks, then of odd blocks */
-INLINE void fgapply_flat_ps(const void *dy, const void *x, const void *side, void *dx, void *sg, int64_t n,
-                            const vf *q, int kind, int hs, vf al, int dt, int nt)
-{
-    const vf z = vf_zero();
-    int64_t i = 0;
-    for (; i + 2 * VF_LANES <= n; i += 2 * VF_LANES) {
-        vf x0 = vf_ld(x, i, dt), x1 = vf_ld(x, i + VF_LANES, dt);
-        vf s0 = hs ? vf_ld(side, i, dt) : z, s1 = hs ? vf_ld(side, i + VF_LANES, dt) : z;
-        vf g0 = fused_g_ps(vf_ld(dy, i, dt), x0, s0, q, kind, hs, al);
-        vf g1 = fused_g_ps(vf_ld(dy, i + VF_LANES, dt), x1, s1, q + 7, kind, hs, al);
-        if (sg) {
-            st_out(sg, i, g0, dt, nt);
-            st_out(sg, i + VF_LANES, g1, dt, nt);
-        }
-        st_out(dx, i, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), dt, nt);
-        st_out(dx, i + VF_LANES, gapply_ps(g1, x1, q[7], q[8], q[11], q[12], q[13]), dt, nt);
-    }
-    if (i + VF_LANES <= n) {
-        vf x0 = vf_ld(x, i, dt), s0 = hs ? vf_ld(side, i, dt) : z;
-        vf g0 = fused_g_ps(vf_ld(dy, i, dt), x0, s0, q, kind, hs, al);
-        if (sg) st_out(sg, i, g0, dt, nt);
-        st_out(dx, i, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), dt, nt);
-        i += VF_LANES;
-    }
-    if (i < n) {
-        const vf *r = q + 7 * ((i / VF_LANES) & 1);
-        int64_t cnt = n - i;
-        vf x0 = vf_ld_part(x, i, cnt, cnt, dt), s0 = hs ? vf_ld_part(side, i, cnt, cnt, dt) : z;
-        vf g0 = fused_g_ps(vf_ld_part(dy, i, cnt, cnt, dt), x0, s0, r, kind, hs, al);
-        if (sg) vf_st_part(sg, i, g0, cnt, dt);
-        vf_st_part(dx, i, gapply_ps(g0, x0, r[0], r[1], r[4], r[5], r[6]), cnt, dt);
-    }
-}
-
 INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, void *dx, void *sg, int64_t rows,
                               int64_t w, const cfbn_grad_f32 *p, int kind, int hs, vf al, int dt)
 {
-    const float *ya = yab_ps(p->ya, p), *yb = yab_ps(p->yb, p);
-    const float *const v[7] = {p->mhi, p->mlo, ya, yb, p->a, p->b, p->c};
+    const float *const v[7] = FGRAD_ARRAYS(p);
     const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
-    const vf z = vf_zero();
     vf t[7];
     tail_params_ps(v, 7, full, cnt, t);
     /* blocks of FUSED_ROWS rows, each VF_LANES-column group's 7 parameters
@@ -733,20 +680,11 @@ INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, v
             }
             vf q[7];
             col_params_ps(v, 7, j, q);
-            for (int64_t k = 0; k < kr; k++) {
-                const int64_t e = o + k * w + j;
-                vf x0 = vf_ld(x, e, dt), s0 = hs ? vf_ld(side, e, dt) : z;
-                vf g0 = fused_g_ps(vf_ld(dy, e, dt), x0, s0, q, kind, hs, al);
-                if (sg) vf_st(sg, e, g0, dt);
-                vf_st(dx, e, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), dt);
-            }
+            for (int64_t k = 0; k < kr; k++) fout_vecs(1, 1, dy, x, side, dx, sg, o + k * w + j, q, kind, hs, al, dt, 0);
         }
         for (int64_t k = 0; cnt && k < kr; k++) {
-            const int64_t e = o + k * w + full, av = n - e;
-            vf x0 = vf_ld_part(x, e, cnt, av, dt), s0 = hs ? vf_ld_part(side, e, cnt, av, dt) : z;
-            vf g0 = fused_g_ps(vf_ld_part(dy, e, cnt, av, dt), x0, s0, t, kind, hs, al);
-            if (sg) vf_st_part(sg, e, g0, cnt, dt);
-            vf_st_part(dx, e, gapply_ps(g0, x0, t[0], t[1], t[4], t[5], t[6]), cnt, dt);
+            const int64_t e = o + k * w + full;
+            fout_part(1, dy, x, side, dx, sg, e, cnt, n - e, t, kind, hs, al, dt);
         }
     }
 }
@@ -771,10 +709,10 @@ INLINE void fgapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, c
     const int nt = fgapply_nt(p, dt, dx, 0);
     const vf al = vf_set1(p->act_alpha);
     vf q[14];
-    fgrad_params_ps(p, 1, q);
+    fgrad_params_ps(p, 7, q);
     const void *side = p->side;
     void *sg = p->side_grad;
-#define FGAPPLY_RUN(k) fgapply_flat_ps(dy, x, side, dx, sg, n, q, k, side != NULL, al, dt, nt)
+#define FGAPPLY_RUN(k) fout_flat_ps(1, dy, x, side, dx, sg, n, q, k, side != NULL, al, dt, nt)
     FUSED_SPECIALIZE(p->act, side, FGAPPLY_RUN)
 #undef FGAPPLY_RUN
     if (nt) stream_fence();
@@ -789,18 +727,10 @@ INLINE void fgapply_rows_ps(const void *dy, const void *x, void *dx, int64_t row
     void *sg = p->side_grad;
     const vf al = vf_set1(p->act_alpha);
     if ((2 * VF_LANES) % w == 0) {
+        const float *const v[7] = FGRAD_ARRAYS(p);
         vf q[14];
-        lanes_ps(p->mhi, w, &q[0], &q[7]);
-        lanes_ps(p->mlo, w, &q[1], &q[8]);
-        q[2] = q[3] = q[9] = q[10] = vf_zero();
-        if (p->act != CFBN_ACT_NONE) {
-            lanes_ps(p->ya, w, &q[2], &q[9]);
-            lanes_ps(p->yb, w, &q[3], &q[10]);
-        }
-        lanes_ps(p->a, w, &q[4], &q[11]);
-        lanes_ps(p->b, w, &q[5], &q[12]);
-        lanes_ps(p->c, w, &q[6], &q[13]);
-#define FGAPPLY_FLAT(k) fgapply_flat_ps(dy, x, side, dx, sg, rows * w, q, k, side != NULL, al, dt, nt)
+        lanes_params_ps(v, 7, w, q);
+#define FGAPPLY_FLAT(k) fout_flat_ps(1, dy, x, side, dx, sg, rows * w, q, k, side != NULL, al, dt, nt)
         FUSED_SPECIALIZE(p->act, side, FGAPPLY_FLAT)
 #undef FGAPPLY_FLAT
         if (nt) stream_fence();
@@ -816,16 +746,24 @@ INLINE void fgapply_rows_ps(const void *dy, const void *x, void *dx, int64_t row
  * sums stay in vector registers across runs, added up once at the end.
  * Each run first prefetches the next channel's (bn_runs.h). */
 
+INLINE void out_runs_ps(int grad, const void *dy, const void *x, void *y, int64_t n, int64_t runs, int64_t st,
+                        const float *const *v, int dt)
+{
+    vf q[10];
+    run_params_ps(v, NPAR(grad), q);
+    for (int64_t k = 0; k < runs; k++) {
+        if (grad) prefetch_next_run(elem_at(dy, k * st, dt), n * (dt ? 2 : 4));
+        prefetch_next_run(elem_at(x, k * st, dt), n * (dt ? 2 : 4));
+        if (k + 1 < runs) prefetch_run_out(elem_at(y, (k + 1) * st, dt), n * (dt ? 2 : 4));
+        out_uni_ps(grad, grad ? elem_at(dy, k * st, dt) : NULL, elem_at(x, k * st, dt),
+                   (void *)elem_at(y, k * st, dt), n, q, dt);
+    }
+}
+
 INLINE void apply_runs_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
 {
-    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
-    vf a = vf_set1(p->alpha[0]), b = vf_set1(p->beta[0]);
-    const vf q[8] = {m, l, a, b, m, l, a, b};
-    for (int64_t k = 0; k < p->runs; k++) {
-        prefetch_next_run(elem_at(x, k * p->stride, dt), n * (dt ? 2 : 4));
-        if (k + 1 < p->runs) prefetch_run_out(elem_at(y, (k + 1) * p->stride, dt), n * (dt ? 2 : 4));
-        apply_uni_ps(elem_at(x, k * p->stride, dt), (void *)elem_at(y, k * p->stride, dt), n, q, dt);
-    }
+    const float *const v[4] = APPLY_ARRAYS(p);
+    out_runs_ps(0, NULL, x, y, n, p->runs, p->stride, v, dt);
 }
 
 /* Short runs (up to SHORT_RUN elements, such as 7x7 planes) go TREE_VECS
@@ -970,16 +908,8 @@ INLINE void stats_runs_ps(const void *x, int64_t n, int64_t runs, int64_t st, do
 
 INLINE void gapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p, int dt)
 {
-    vf m = vf_set1(p->mhi[0]), l = vf_set1(p->mlo[0]);
-    vf a = vf_set1(p->a[0]), b = vf_set1(p->b[0]), c = vf_set1(p->c[0]);
-    const vf q[10] = {m, l, a, b, c, m, l, a, b, c};
-    for (int64_t k = 0; k < p->runs; k++) {
-        prefetch_next_run(elem_at(dy, k * p->stride, dt), n * (dt ? 2 : 4));
-        prefetch_next_run(elem_at(x, k * p->stride, dt), n * (dt ? 2 : 4));
-        if (k + 1 < p->runs) prefetch_run_out(elem_at(dx, (k + 1) * p->stride, dt), n * (dt ? 2 : 4));
-        gapply_uni_ps(elem_at(dy, k * p->stride, dt), elem_at(x, k * p->stride, dt),
-                       (void *)elem_at(dx, k * p->stride, dt), n, q, dt);
-    }
+    const float *const v[5] = GRAD_ARRAYS(p);
+    out_runs_ps(1, dy, x, dx, n, p->runs, p->stride, v, dt);
 }
 
 /* Fused runs (cfbn.h: *_runs_fused): as the plain runs kernels, with the
@@ -998,8 +928,8 @@ INLINE void fapply_runs_k(const void *x, const void *side, void *y, int64_t n, i
         prefetch_next_run(elem_at(x, k * st, dt), n * (dt ? 2 : 4));
         if (hs) prefetch_next_run(elem_at(side, k * st, dt), n * (dt ? 2 : 4));
         if (k + 1 < runs) prefetch_run_out(elem_at(y, (k + 1) * st, dt), n * (dt ? 2 : 4));
-        fapply_flat_ps(elem_at(x, k * st, dt), hs ? elem_at(side, k * st, dt) : NULL,
-                       (void *)elem_at(y, k * st, dt), n, q, kind, hs, al, dt, 0);
+        fout_flat_ps(0, NULL, elem_at(x, k * st, dt), hs ? elem_at(side, k * st, dt) : NULL,
+                     (void *)elem_at(y, k * st, dt), NULL, n, q, kind, hs, al, dt, 0);
     }
 }
 
@@ -1056,7 +986,7 @@ INLINE void fgstats_runs_ps(const void *dy, const void *x, int64_t n, const cfbn
 {
     const vf al = vf_set1(p->act_alpha);
     vf q[8];
-    fgrad_params_ps(p, 0, q);
+    fgrad_params_ps(p, 4, q);
     const void *side = p->side;
 #define FGSTATS_RUNS(k) fgstats_runs_k(dy, x, side, p->g_out, n, p->runs, p->stride, q, k, side != NULL, al, dt, acc)
     FUSED_SPECIALIZE(p->act, side, FGSTATS_RUNS)
@@ -1076,9 +1006,9 @@ INLINE void fgapply_runs_k(const void *dy, const void *x, const void *side, void
             prefetch_run_out(elem_at(dx, (k + 1) * st, dt), n * (dt ? 2 : 4));
             if (sg) prefetch_run_out(elem_at(sg, (k + 1) * st, dt), n * (dt ? 2 : 4));
         }
-        fgapply_flat_ps(elem_at(dy, k * st, dt), elem_at(x, k * st, dt), hs ? elem_at(side, k * st, dt) : NULL,
-                        (void *)elem_at(dx, k * st, dt), sg ? (void *)elem_at(sg, k * st, dt) : NULL, n, q, kind,
-                        hs, al, dt, 0);
+        fout_flat_ps(1, elem_at(dy, k * st, dt), elem_at(x, k * st, dt), hs ? elem_at(side, k * st, dt) : NULL,
+                     (void *)elem_at(dx, k * st, dt), sg ? (void *)elem_at(sg, k * st, dt) : NULL, n, q, kind, hs,
+                     al, dt, 0);
     }
 }
 
@@ -1086,7 +1016,7 @@ INLINE void fgapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, 
 {
     const vf al = vf_set1(p->act_alpha);
     vf q[14];
-    fgrad_params_ps(p, 1, q);
+    fgrad_params_ps(p, 7, q);
     const void *side = p->side;
     void *sg = p->side_grad;
 #define FGAPPLY_RUNS(k) fgapply_runs_k(dy, x, side, dx, sg, n, p->runs, p->stride, q, k, side != NULL, al, dt)
