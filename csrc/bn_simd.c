@@ -45,17 +45,23 @@
 CFBN_FLOAT_ENTRIES(f32, CFBN_F32, ps)
 CFBN_FLOAT_ENTRIES(f16, CFBN_F16, ps)
 CFBN_FLOAT_ENTRIES(bf16, CFBN_BF16, ps)
+CFBN_GG_ENTRIES(f32, CFBN_F32, ps)
+CFBN_GG_ENTRIES(f16, CFBN_F16, ps)
+CFBN_GG_ENTRIES(bf16, CFBN_BF16, ps)
+CFBN_RUNS_ENTRIES(f32, CFBN_F32, ps)
+CFBN_RUNS_ENTRIES(f16, CFBN_F16, ps)
+CFBN_RUNS_ENTRIES(bf16, CFBN_BF16, ps)
 
 const cfbn_kernels SIMD_TABLE = {
     .name = SIMD_NAME,
     .lanes = VF_LANES,
-    .f32 = { CFBN_FLOAT_TABLE(f32), EXTRA_TABLE(f32), CFBN_GG_TABLE(f32), GG_RUNS_TABLE(f32) },
+    .f32 = { CFBN_FLOAT_TABLE(f32), CFBN_GG_TABLE(f32), CFBN_RUNS_TABLE(f32) },
     .f64 = {
         stats_run_f64, stats_rows_f64, apply_run_f64, apply_rows_f64,
         gstats_run_f64, gstats_rows_f64, gapply_run_f64, gapply_rows_f64,
         .ggstats_run = ggstats_run_f64, .ggstats_rows = ggstats_rows_f64,
         .ggapply_run = ggapply_run_f64, .ggapply_rows = ggapply_rows_f64,
     },
-    .f16 = { CFBN_FLOAT_TABLE(f16), EXTRA_TABLE(f16), CFBN_GG_TABLE(f16), GG_RUNS_TABLE(f16) },
-    .bf16 = { CFBN_FLOAT_TABLE(bf16), EXTRA_TABLE(bf16), CFBN_GG_TABLE(bf16), GG_RUNS_TABLE(bf16) },
+    .f16 = { CFBN_FLOAT_TABLE(f16), CFBN_GG_TABLE(f16), CFBN_RUNS_TABLE(f16) },
+    .bf16 = { CFBN_FLOAT_TABLE(bf16), CFBN_GG_TABLE(bf16), CFBN_RUNS_TABLE(bf16) },
 };

@@ -5,8 +5,7 @@
  * and the plain loops' helpers (apply_ps, gstats_step, accf, lanes_ps, ...),
  * which the including file has defined before it.  Nothing here names an
  * instruction set.  The storage type dt is a constant of each entry, as in
- * the plain loops (bn_entries.h); EXTRA_ENTRIES and EXTRA_TABLE make the
- * runs and streaming entries of a storage type.
+ * the plain loops (bn_entries.h).
  *
  * A flat stream (a run, or rows whose width divides 2 VF_LANES) alternates
  * two parameter sets over blocks of VF_LANES elements, even blocks then odd
@@ -1023,67 +1022,3 @@ INLINE void fgapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, 
     FUSED_SPECIALIZE(p->act, side, FGAPPLY_RUNS)
 #undef FGAPPLY_RUNS
 }
-
-/* The runs and streaming entries of a storage type, like bn_entries.h's. */
-#define EXTRA_ENTRIES(sfx, DT)                                                                                \
-    static void apply_runs_##sfx(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)                 \
-    {                                                                                                         \
-        apply_runs_ps(x, y, n, p, DT);                                                                        \
-    }                                                                                                         \
-    static void gstats_runs_##sfx(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p,           \
-                                  double *acc)                                                                \
-    {                                                                                                         \
-        gstats_runs_ps(dy, x, n, p, acc, DT);                                                                 \
-    }                                                                                                         \
-    static void gapply_runs_##sfx(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p) \
-    {                                                                                                         \
-        gapply_runs_ps(dy, x, dx, n, p, DT);                                                                  \
-    }                                                                                                         \
-    static void stats_runs_##sfx(const void *x, int64_t n, int64_t runs, int64_t stride, double shift,        \
-                                 double *acc)                                                                 \
-    {                                                                                                         \
-        stats_runs_ps(x, n, runs, stride, shift, acc, DT);                                                    \
-    }                                                                                                         \
-    static void apply_runs_fused_##sfx(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)            \
-    {                                                                                                         \
-        fapply_runs_ps(x, y, n, p, DT);                                                                       \
-    }                                                                                                         \
-    static void gstats_runs_fused_##sfx(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p,     \
-                                        double *acc)                                                          \
-    {                                                                                                         \
-        fgstats_runs_ps(dy, x, n, p, acc, DT);                                                                \
-    }                                                                                                         \
-    static void gapply_runs_fused_##sfx(const void *dy, const void *x, void *dx, int64_t n,                   \
-                                        const cfbn_grad_f32 *p)                                               \
-    {                                                                                                         \
-        fgapply_runs_ps(dy, x, dx, n, p, DT);                                                                 \
-    }                                                                                                         \
-    static void apply_run_nt_##sfx(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)               \
-    {                                                                                                         \
-        apply_run_nt_ps(x, y, n, p, DT);                                                                      \
-    }                                                                                                         \
-    static void apply_rows_nt_##sfx(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p) \
-    {                                                                                                         \
-        apply_rows_nt_ps(x, y, rows, w, p, DT);                                                               \
-    }                                                                                                         \
-    static void gapply_run_nt_##sfx(const void *dy, const void *x, void *dx, int64_t n,                       \
-                                    const cfbn_grad_f32 *p)                                                   \
-    {                                                                                                         \
-        gapply_run_nt_ps(dy, x, dx, n, p, DT);                                                                \
-    }                                                                                                         \
-    static void gapply_rows_nt_##sfx(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,        \
-                                     const cfbn_grad_f32 *p)                                                  \
-    {                                                                                                         \
-        gapply_rows_nt_ps(dy, x, dx, rows, w, p, DT);                                                         \
-    }
-#define EXTRA_TABLE(sfx)                                                                                      \
-    .apply_runs = apply_runs_##sfx, .gstats_runs = gstats_runs_##sfx, .gapply_runs = gapply_runs_##sfx,       \
-    .stats_runs = stats_runs_##sfx,                                                                           \
-    .apply_runs_fused = apply_runs_fused_##sfx, .gstats_runs_fused = gstats_runs_fused_##sfx,                 \
-    .gapply_runs_fused = gapply_runs_fused_##sfx,                                                             \
-    .apply_run_stream = apply_run_nt_##sfx, .apply_rows_stream = apply_rows_nt_##sfx,                         \
-    .gapply_run_stream = gapply_run_nt_##sfx, .gapply_rows_stream = gapply_rows_nt_##sfx
-
-EXTRA_ENTRIES(f32, CFBN_F32)
-EXTRA_ENTRIES(f16, CFBN_F16)
-EXTRA_ENTRIES(bf16, CFBN_BF16)

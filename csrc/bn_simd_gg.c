@@ -615,33 +615,6 @@ INLINE void ggapply_rows_ps(const void *dy, const void *x, const void *ggx, void
     if (nt) stream_fence();
 }
 
-/* ---- float32, float16 and bfloat16 entries ---- */
-
-CFBN_GG_ENTRIES(f32, CFBN_F32, ps)
-CFBN_GG_ENTRIES(f16, CFBN_F16, ps)
-CFBN_GG_ENTRIES(bf16, CFBN_BF16, ps)
-
-/* the two optional several-runs entries of a storage type, like
- * bn_entries.h's */
-#define GG_RUNS_ENTRIES(sfx, DT)                                                                              \
-    static void ggstats_runs_##sfx(const void *dy, const void *x, const void *ggx, int64_t n,                 \
-                                   const cfbn_gg_f32 *p, double *acc)                                         \
-    {                                                                                                         \
-        ggstats_runs_ps(dy, x, ggx, n, p, acc, DT);                                                           \
-    }                                                                                                         \
-    static void ggapply_runs_##sfx(const void *dy, const void *x, const void *ggx, void *ddy, void *dx,       \
-                                   int64_t n, const cfbn_gg_f32 *p)                                           \
-    {                                                                                                         \
-        ggapply_runs_ps(dy, x, ggx, ddy, dx, n, p, DT);                                                       \
-    }
-
-GG_RUNS_ENTRIES(f32, CFBN_F32)
-GG_RUNS_ENTRIES(f16, CFBN_F16)
-GG_RUNS_ENTRIES(bf16, CFBN_BF16)
-
-/* ... and their place in a float-compute sub-table */
-#define GG_RUNS_TABLE(sfx) .ggstats_runs = ggstats_runs_##sfx, .ggapply_runs = ggapply_runs_##sfx
-
 /* ---- second-order gradient, float64 (cfbn_gg_f64) ----
  * In double throughout (d = (x - mhi) - mlo, the products and the five
  * sums): nothing to convert and no range to leave, so every element is one

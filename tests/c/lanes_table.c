@@ -18,38 +18,24 @@
 #define PORTABLE_CHECK_ALIGN 1
 #include "vec_portable.h"
 
+#include "bn_entries.h"
 #include "bn_simd_f64.c"
 #include "bn_simd_float.c"
 
 /* the table's entries: the float-compute loops with their storage type */
 #define FLOAT_ENTRIES(sfx, DT)                                                                                \
-    static void stats_run_##sfx(const void *x, int64_t n, double shift, double *acc)                          \
-    { stats_run_ps(x, n, shift, acc, DT); }                                                                   \
-    static void stats_rows_##sfx(const void *x, int64_t rows, int64_t w, const double *shift, double *acc)    \
-    { stats_rows_ps(x, rows, w, shift, acc, DT); }                                                            \
-    static void apply_run_##sfx(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)                   \
-    { apply_run_ps(x, y, n, p, DT); }                                                                         \
-    static void apply_rows_##sfx(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p)    \
-    { apply_rows_ps(x, y, rows, w, p, DT); }                                                                  \
-    static void gstats_run_##sfx(const void *dy, const void *x, int64_t n, const cfbn_grad_f32 *p, double *acc) \
-    { gstats_run_ps(dy, x, n, p, acc, DT); }                                                                  \
-    static void gstats_rows_##sfx(const void *dy, const void *x, int64_t rows, int64_t w,                     \
-                                  const cfbn_grad_f32 *p, double *acc)                                        \
-    { gstats_rows_ps(dy, x, rows, w, p, acc, DT); }                                                           \
-    static void gapply_run_##sfx(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p)  \
-    { gapply_run_ps(dy, x, dx, n, p, DT); }                                                                   \
-    static void gapply_rows_##sfx(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,           \
-                                  const cfbn_grad_f32 *p)                                                     \
-    { gapply_rows_ps(dy, x, dx, rows, w, p, DT); }                                                            \
-    static void apply_run_nt_##sfx(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p)                \
-    { apply_run_nt_ps(x, y, n, p, DT); }                                                                      \
-    static void apply_rows_nt_##sfx(const void *x, void *y, int64_t rows, int64_t w, const cfbn_apply_f32 *p) \
-    { apply_rows_nt_ps(x, y, rows, w, p, DT); }                                                               \
-    static void gapply_run_nt_##sfx(const void *dy, const void *x, void *dx, int64_t n, const cfbn_grad_f32 *p) \
-    { gapply_run_nt_ps(dy, x, dx, n, p, DT); }                                                                \
-    static void gapply_rows_nt_##sfx(const void *dy, const void *x, void *dx, int64_t rows, int64_t w,        \
-                                     const cfbn_grad_f32 *p)                                                  \
-    { gapply_rows_nt_ps(dy, x, dx, rows, w, p, DT); }
+    CFBN_E_STATS_RUN(stats_run_##sfx, stats_run_ps, DT)                                                        \
+    CFBN_E_STATS_ROWS(stats_rows_##sfx, stats_rows_ps, DT)                                                     \
+    CFBN_E_APPLY_RUN(apply_run_##sfx, apply_run_ps, DT)                                                        \
+    CFBN_E_APPLY_ROWS(apply_rows_##sfx, apply_rows_ps, DT)                                                     \
+    CFBN_E_GSTATS_RUN(gstats_run_##sfx, gstats_run_ps, DT)                                                     \
+    CFBN_E_GSTATS_ROWS(gstats_rows_##sfx, gstats_rows_ps, DT)                                                  \
+    CFBN_E_GAPPLY_RUN(gapply_run_##sfx, gapply_run_ps, DT)                                                     \
+    CFBN_E_GAPPLY_ROWS(gapply_rows_##sfx, gapply_rows_ps, DT)                                                  \
+    CFBN_E_APPLY_RUN(apply_run_nt_##sfx, apply_run_nt_ps, DT)                                                  \
+    CFBN_E_APPLY_ROWS(apply_rows_nt_##sfx, apply_rows_nt_ps, DT)                                               \
+    CFBN_E_GAPPLY_RUN(gapply_run_nt_##sfx, gapply_run_nt_ps, DT)                                               \
+    CFBN_E_GAPPLY_ROWS(gapply_rows_nt_##sfx, gapply_rows_nt_ps, DT)
 #define FLOAT_TABLE(sfx)                                                                                      \
     stats_run_##sfx, stats_rows_##sfx, apply_run_##sfx, apply_rows_##sfx,                                     \
     gstats_run_##sfx, gstats_rows_##sfx, gapply_run_##sfx, gapply_rows_##sfx,                                 \
