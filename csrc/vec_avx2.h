@@ -334,7 +334,6 @@ INLINE void vf_store(float *p, vf v) { _mm256_storeu_ps(p, v); }
 INLINE vf_mask vf_mask_first(int64_t cnt) { return mask_ps(cnt); }
 /* the set lanes of m from p (the others read as 0, their memory untouched) */
 INLINE vf vf_load_part(const float *p, vf_mask m) { return _mm256_maskload_ps(p, m); }
-INLINE void vf_store_part(float *p, vf_mask m, vf v) { _mm256_maskstore_ps(p, m, v); }
 INLINE vf vf_keep(vf v, vf_mask m) { return and_ps(v, m); }
 INLINE vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
 INLINE vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
@@ -365,9 +364,6 @@ INLINE vf vf_exp2i(vf k)
 INLINE vf_mask vf_lt(vf a, vf b) { return _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
 INLINE vf_mask vf_gt(vf a, vf b) { return _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_GT_OQ)); }
 INLINE vf_mask vf_unord(vf a, vf b) { return _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_UNORD_Q)); }
-INLINE vf_mask vf_mask_and(vf_mask a, vf_mask b) { return _mm256_and_si256(a, b); }
-INLINE vf_mask vf_mask_or(vf_mask a, vf_mask b) { return _mm256_or_si256(a, b); }
-INLINE int vf_mask_any(vf_mask m) { return _mm256_movemask_ps(_mm256_castsi256_ps(m)) != 0; }
 /* set lanes all ones, clear lanes 0 */
 INLINE vf vf_mask_bits(vf_mask m) { return _mm256_castsi256_ps(m); }
 /* b in the set lanes of m, a in the others */
@@ -382,7 +378,6 @@ INLINE vf vf_from_pd(vd lo, vd hi) { return _mm256_set_m128(_mm256_cvtpd_ps(hi),
 INLINE vd vd_mul(vd a, vd b) { return _mm256_mul_pd(a, b); }
 /* c - a * b, one rounding */
 INLINE vd vd_fnma(vd a, vd b, vd c) { return _mm256_fnmadd_pd(a, b, c); }
-INLINE vd vd_and(vd a, vd b) { return _mm256_and_pd(a, b); }
 INLINE vd vd_or(vd a, vd b) { return _mm256_or_pd(a, b); }
 /* each lane rounded to float and back */
 INLINE vd vd_to_float_and_back(vd v) { return _mm256_cvtps_pd(_mm256_cvtpd_ps(v)); }
@@ -391,7 +386,6 @@ INLINE vd_mask vd_nge(vd a, vd b) { return _mm256_castpd_si256(_mm256_cmp_pd(a, 
 INLINE vd_mask vd_gt(vd a, vd b) { return _mm256_castpd_si256(_mm256_cmp_pd(a, b, _CMP_GT_OQ)); }
 INLINE vd_mask vd_mask_or(vd_mask a, vd_mask b) { return _mm256_or_si256(a, b); }
 INLINE int vd_mask_any(vd_mask m) { return _mm256_movemask_pd(_mm256_castsi256_pd(m)) != 0; }
-INLINE vd_mask vd_mask_none(void) { return _mm256_setzero_si256(); }
 
 /* orders the non-temporal stores before the caller's barrier */
 INLINE void stream_fence(void) { _mm_sfence(); }
@@ -407,7 +401,7 @@ INLINE vh vh_zero(void) { return _mm256_setzero_si256(); }
 INLINE void vh_st(void *p, int64_t i, vh h) { _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), h); }
 
 /* |v| in each lane, by clearing the sign bit (NaN stays NaN) */
-INLINE vd vd_abs(vd v) { return vd_and(v, _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffll))); }
+INLINE vd vd_abs(vd v) { return _mm256_and_pd(v, _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffll))); }
 /* a mask as a vd: set lanes all ones, clear lanes 0 (as vf_mask_bits) */
 INLINE vd vd_mask_bits(vd_mask m) { return _mm256_castsi256_pd(m); }
 /* the reverse: a vd whose lanes are each all ones or all zeros (such as
@@ -464,7 +458,5 @@ INLINE vf_mask vf_mask_last(int64_t cnt)
 {
     return _mm256_cmpgt_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)(7 - cnt)));
 }
-
-/* ---- for the second-order loops ---- */
 
 #endif

@@ -112,7 +112,6 @@ INLINE vd vd_mul(vd a, vd b) { return _mm512_mul_pd(a, b); }
 /* a * b + c, c - a * b: one rounding */
 INLINE vd vd_fma(vd a, vd b, vd c) { return _mm512_fmadd_pd(a, b, c); }
 INLINE vd vd_fnma(vd a, vd b, vd c) { return _mm512_fnmadd_pd(a, b, c); }
-INLINE vd vd_and(vd a, vd b) { return _mm512_and_pd(a, b); }
 INLINE vd vd_or(vd a, vd b) { return _mm512_or_pd(a, b); }
 /* upper half onto lower half until one lane is left (the portable order) */
 INLINE double vd_hsum(vd v)
@@ -128,9 +127,8 @@ INLINE vd_mask vd_nge(vd a, vd b) { return _mm512_cmp_pd_mask(a, b, _CMP_NGE_UQ)
 INLINE vd_mask vd_gt(vd a, vd b) { return _mm512_cmp_pd_mask(a, b, _CMP_GT_OQ); }
 INLINE vd_mask vd_mask_or(vd_mask a, vd_mask b) { return (vd_mask)(a | b); }
 INLINE int vd_mask_any(vd_mask m) { return m != 0; }
-INLINE vd_mask vd_mask_none(void) { return 0; }
 /* |v|: the sign bit cleared */
-INLINE vd vd_abs(vd v) { return vd_and(v, _mm512_castsi512_pd(_mm512_set1_epi64(0x7fffffffffffffffll))); }
+INLINE vd vd_abs(vd v) { return _mm512_and_pd(v, _mm512_castsi512_pd(_mm512_set1_epi64(0x7fffffffffffffffll))); }
 /* set lanes all ones, clear lanes 0; and back (lanes all ones or zero) */
 INLINE vd vd_mask_bits(vd_mask m) { return _mm512_castsi512_pd(_mm512_movm_epi64(m)); }
 INLINE vd_mask vd_bits_mask(vd v) { return _mm512_movepi64_mask(_mm512_castpd_si512(v)); }
@@ -150,12 +148,6 @@ INLINE vf vf_load_part(const float *p, vf_mask m)
 {
     __m512i k = _mm512_movm_epi32(m);
     return join8(_mm256_maskload_ps(p, _mm512_castsi512_si256(k)), _mm256_maskload_ps(p + 8, _mm512_extracti64x4_epi64(k, 1)));
-}
-INLINE void vf_store_part(float *p, vf_mask m, vf v)
-{
-    __m512i k = _mm512_movm_epi32(m);
-    _mm256_maskstore_ps(p, _mm512_castsi512_si256(k), lo8(v));
-    _mm256_maskstore_ps(p + 8, _mm512_extracti64x4_epi64(k, 1), hi8(v));
 }
 INLINE vf vf_keep(vf v, vf_mask m) { return _mm512_maskz_mov_ps(m, v); }
 INLINE vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
@@ -187,9 +179,6 @@ INLINE vf vf_exp2i(vf k)
 INLINE vf_mask vf_lt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
 INLINE vf_mask vf_gt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
 INLINE vf_mask vf_unord(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q); }
-INLINE vf_mask vf_mask_and(vf_mask a, vf_mask b) { return (vf_mask)(a & b); }
-INLINE vf_mask vf_mask_or(vf_mask a, vf_mask b) { return (vf_mask)(a | b); }
-INLINE int vf_mask_any(vf_mask m) { return m != 0; }
 /* set lanes all ones, clear lanes 0 */
 INLINE vf vf_mask_bits(vf_mask m) { return _mm512_castsi512_ps(_mm512_movm_epi32(m)); }
 /* b in the set lanes of m, a in the others */

@@ -75,7 +75,6 @@ INLINE vd vd_mul(vd a, vd b) { return vmulq_f64(a, b); }
 /* a * b + c, c - a * b: one rounding */
 INLINE vd vd_fma(vd a, vd b, vd c) { return vfmaq_f64(c, a, b); }
 INLINE vd vd_fnma(vd a, vd b, vd c) { return vfmsq_f64(c, a, b); }
-INLINE vd vd_and(vd a, vd b) { return vreinterpretq_f64_u64(vandq_u64(vreinterpretq_u64_f64(a), vreinterpretq_u64_f64(b))); }
 INLINE vd vd_or(vd a, vd b) { return vreinterpretq_f64_u64(vorrq_u64(vreinterpretq_u64_f64(a), vreinterpretq_u64_f64(b))); }
 INLINE double vd_hsum(vd v) { return vaddvq_f64(v); }
 /* each lane rounded to float and back */
@@ -85,7 +84,6 @@ INLINE vd_mask vd_nge(vd a, vd b) { return vreinterpretq_u64_u32(vmvnq_u32(vrein
 INLINE vd_mask vd_gt(vd a, vd b) { return vcgtq_f64(a, b); }
 INLINE vd_mask vd_mask_or(vd_mask a, vd_mask b) { return vorrq_u64(a, b); }
 INLINE int vd_mask_any(vd_mask m) { return vmaxvq_u32(vreinterpretq_u32_u64(m)) != 0; }
-INLINE vd_mask vd_mask_none(void) { return vdupq_n_u64(0); }
 /* |v|: the sign bit cleared */
 INLINE vd vd_abs(vd v) { return vreinterpretq_f64_u64(vbicq_u64(vreinterpretq_u64_f64(v), vdupq_n_u64(1ull << 63))); }
 /* set lanes all ones, clear lanes 0; and back (lanes all ones or zero) */
@@ -119,15 +117,6 @@ INLINE vf vf_load_part(const float *p, vf_mask m)
     for (int l = 0; l < 4; l++) buf[l] = on[l] ? p[l] : 0.0f;
     return vld1q_f32(buf);
 }
-INLINE void vf_store_part(float *p, vf_mask m, vf v)
-{
-    uint32_t on[4];
-    float buf[4];
-    vst1q_u32(on, m);
-    vst1q_f32(buf, v);
-    for (int l = 0; l < 4; l++)
-        if (on[l]) p[l] = buf[l];
-}
 INLINE vf vf_keep(vf v, vf_mask m) { return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(v), m)); }
 INLINE vf vf_add(vf a, vf b) { return vaddq_f32(a, b); }
 INLINE vf vf_sub(vf a, vf b) { return vsubq_f32(a, b); }
@@ -156,9 +145,6 @@ INLINE vf vf_exp2i(vf k)
 INLINE vf_mask vf_lt(vf a, vf b) { return vcltq_f32(a, b); }
 INLINE vf_mask vf_gt(vf a, vf b) { return vcgtq_f32(a, b); }
 INLINE vf_mask vf_unord(vf a, vf b) { return vmvnq_u32(vandq_u32(vceqq_f32(a, a), vceqq_f32(b, b))); }
-INLINE vf_mask vf_mask_and(vf_mask a, vf_mask b) { return vandq_u32(a, b); }
-INLINE vf_mask vf_mask_or(vf_mask a, vf_mask b) { return vorrq_u32(a, b); }
-INLINE int vf_mask_any(vf_mask m) { return vmaxvq_u32(m) != 0; }
 /* set lanes all ones, clear lanes 0 */
 INLINE vf vf_mask_bits(vf_mask m) { return vreinterpretq_f32_u32(m); }
 /* b in the set lanes of m, a in the others */

@@ -47,10 +47,9 @@
 /* the calls: one per primitive (or pair that only shows together) */
 enum vec_op {
     F_ZERO, F_SET1, F_LOAD, F_ADD, F_SUB, F_MUL, F_DIV, F_FMA, F_FNMA, F_FMS, F_MIN, F_MAX, F_AND, F_OR,
-    F_ANDNOT, F_ROUND, F_EXP2I, F_LT, F_GT, F_UNORD, F_MASK_AND, F_MASK_OR, F_MASK_ANY, F_BLEND, F_KEEP,
-    F_MASK_FIRST, F_MASK_LAST, F_LO_HI_PD, F_FROM_PD, F_LOAD_PART, F_STORE_PART, F_LOAD_PART_M,
-    F_STORE_PART_M,
-    D_ZERO, D_SET1, D_LOAD, D_ADD, D_SUB, D_MUL, D_FMA, D_FNMA, D_AND, D_OR, D_ABS, D_HSUM, D_TO_FLOAT,
+    F_ANDNOT, F_ROUND, F_EXP2I, F_LT, F_GT, F_UNORD, F_BLEND, F_KEEP, F_MASK_FIRST, F_MASK_LAST, F_LO_HI_PD,
+    F_FROM_PD, F_LOAD_PART, F_LOAD_PART_M,
+    D_ZERO, D_SET1, D_LOAD, D_ADD, D_SUB, D_MUL, D_FMA, D_FNMA, D_OR, D_ABS, D_HSUM, D_TO_FLOAT,
     D_NGE, D_GT, D_MASK_OR, D_MASK_ANY, D_KEEP, D_MASK_FIRST, D_BITS_MASK, D_LOAD_PART, D_STORE_PART,
     D_LOAD_PART_M, D_STORE_PART_M,
     S_LD, S_LD_PART, S_ST, S_ST2, S_ST_PART, S_LD1, S_ELEM_AT, S_LD_WIDEN, S_LD_EO, S_ST_EO, S_NARROW_EO,
@@ -99,15 +98,6 @@ void vec_run(int op, const vec_args *g)
     CMP(F_LT, vf_lt) CMP(F_GT, vf_gt) CMP(F_UNORD, vf_unord)
     case F_ROUND: for (int64_t v = 0; v < n; v += VF_LANES) vf_store(fo + v, vf_round(vf_load(a + v))); break;
     case F_EXP2I: for (int64_t v = 0; v < n; v += VF_LANES) vf_store(fo + v, vf_exp2i(vf_load(a + v))); break;
-    case F_MASK_AND:
-    case F_MASK_OR:
-    case F_MASK_ANY:
-        for (int64_t v = 0; v < n; v += VF_LANES) {
-            vf_mask p = vf_lt(vf_load(a + v), vf_load(b + v)), q = vf_gt(vf_load(c + v), z);
-            if (op == F_MASK_ANY) fo[v] = (float)vf_mask_any(vf_mask_and(p, q));
-            else vf_store(fo + v, vf_mask_bits(op == F_MASK_AND ? vf_mask_and(p, q) : vf_mask_or(p, q)));
-        }
-        break;
     case F_BLEND:
         for (int64_t v = 0; v < n; v += VF_LANES) vf_store(fo + v, vf_blend(vf_load(a + v), vf_load(b + v), vf_lt(vf_load(c + v), z)));
         break;
@@ -130,9 +120,7 @@ void vec_run(int op, const vec_args *g)
         break;
     /* one call each: cnt1 lanes from (float *)src + i, or to dst + i */
     case F_LOAD_PART: vf_store(fo, vf_load_part((const float *)g->src + i, vf_mask_first(g->cnt1))); break;
-    case F_STORE_PART: vf_store_part(fo + i, vf_mask_first(g->cnt1), vf_load(a)); break;
     case F_LOAD_PART_M: vf_store(fo, vf_load_part((const float *)g->src + i, vf_lt(vf_load(c), z))); break;
-    case F_STORE_PART_M: vf_store_part(fo + i, vf_lt(vf_load(c), z), vf_load(a)); break;
 
     case D_ZERO: for (int64_t v = 0; v < n; v += VD_LANES) vd_store(dout + v, vd_zero()); break;
     case D_SET1: for (int64_t v = 0; v < n; v += VD_LANES) vd_store(dout + v, vd_set1(da[v])); break;
@@ -140,7 +128,7 @@ void vec_run(int op, const vec_args *g)
 #define DBIN(OP, F) case OP: for (int64_t v = 0; v < n; v += VD_LANES) vd_store(dout + v, F(vd_load(da + v), vd_load(db + v))); break;
 #define DTRI(OP, F) case OP: for (int64_t v = 0; v < n; v += VD_LANES) vd_store(dout + v, F(vd_load(da + v), vd_load(db + v), vd_load(dc + v))); break;
 #define DCMP(OP, F) case OP: for (int64_t v = 0; v < n; v += VD_LANES) vd_store(dout + v, vd_mask_bits(F(vd_load(da + v), vd_load(db + v)))); break;
-    DBIN(D_ADD, vd_add) DBIN(D_SUB, vd_sub) DBIN(D_MUL, vd_mul) DBIN(D_AND, vd_and) DBIN(D_OR, vd_or)
+    DBIN(D_ADD, vd_add) DBIN(D_SUB, vd_sub) DBIN(D_MUL, vd_mul) DBIN(D_OR, vd_or)
     DTRI(D_FMA, vd_fma) DTRI(D_FNMA, vd_fnma)
     DCMP(D_NGE, vd_nge) DCMP(D_GT, vd_gt)
     case D_ABS: for (int64_t v = 0; v < n; v += VD_LANES) vd_store(dout + v, vd_abs(vd_load(da + v))); break;
@@ -151,7 +139,7 @@ void vec_run(int op, const vec_args *g)
         for (int64_t v = 0; v < n; v += VD_LANES) {
             vd_mask p = vd_gt(vd_load(da + v), vd_load(db + v)), q = vd_gt(vd_load(dc + v), vd_zero());
             if (op == D_MASK_OR) vd_store(dout + v, vd_mask_bits(vd_mask_or(p, q)));
-            else dout[v] = vd_mask_any(vd_mask_or(p, q)) + 2 * vd_mask_any(vd_mask_none());
+            else dout[v] = vd_mask_any(vd_mask_or(p, q)) + 2 * vd_mask_any(vd_mask_first(0));
         }
         break;
     case D_KEEP: for (int64_t v = 0; v < n; v += VD_LANES) vd_store(dout + v, vd_keep(vd_load(da + v), vd_gt(vd_load(dc + v), vd_zero()))); break;
@@ -266,11 +254,10 @@ static const char *op_name(int op)
     static const char *const names[N_OPS] = {
         "vf_zero", "vf_set1", "vf_load/store", "vf_add", "vf_sub", "vf_mul", "vf_div", "vf_fma", "vf_fnma", "vf_fms",
         "vf_min", "vf_max", "vf_and", "vf_or", "vf_andnot", "vf_round", "vf_exp2i", "vf_lt", "vf_gt", "vf_unord",
-        "vf_mask_and", "vf_mask_or", "vf_mask_any", "vf_blend", "vf_keep", "vf_mask_first", "vf_mask_last",
-        "vf_lo_pd/hi_pd", "vf_from_pd", "vf_load_part", "vf_store_part", "vf_load_part (any mask)",
-        "vf_store_part (any mask)",
-        "vd_zero", "vd_set1", "vd_load/store", "vd_add", "vd_sub", "vd_mul", "vd_fma", "vd_fnma", "vd_and", "vd_or",
-        "vd_abs", "vd_hsum", "vd_to_float_and_back", "vd_nge", "vd_gt", "vd_mask_or", "vd_mask_any/none", "vd_keep",
+        "vf_blend", "vf_keep", "vf_mask_first", "vf_mask_last", "vf_lo_pd/hi_pd", "vf_from_pd", "vf_load_part",
+        "vf_load_part (any mask)",
+        "vd_zero", "vd_set1", "vd_load/store", "vd_add", "vd_sub", "vd_mul", "vd_fma", "vd_fnma", "vd_or",
+        "vd_abs", "vd_hsum", "vd_to_float_and_back", "vd_nge", "vd_gt", "vd_mask_or", "vd_mask_any", "vd_keep",
         "vd_mask_first", "vd_bits_mask", "vd_load_part", "vd_store_part", "vd_load_part (any mask)",
         "vd_store_part (any mask)",
         "vf_ld", "vf_ld_part", "vf_st", "vf_st2", "vf_st_part", "ld1", "elem_at", "vd_ld_widen", "vf_ld_eo", "vf_st_eo",
@@ -437,18 +424,17 @@ static void check_vectors(void)
 {
     vec_args g = {fa, fb, fc, dA, dB, dC, cnts, NULL, NULL, N, 0, 0, 0, 0};
     const int fops[] = {F_ZERO, F_SET1, F_LOAD, F_MIN, F_MAX, F_AND, F_OR, F_ANDNOT, F_ROUND, F_LT, F_GT, F_UNORD,
-                        F_MASK_AND, F_MASK_OR, F_BLEND, F_KEEP, F_MASK_FIRST, F_MASK_LAST};
+                        F_BLEND, F_KEEP, F_MASK_FIRST, F_MASK_LAST};
     for (size_t k = 0; k < sizeof fops / sizeof *fops; k++) run_both(fops[k], g, 0, N * 4, CMP_BYTES, 0);
     const int arith[] = {F_ADD, F_SUB, F_MUL, F_DIV, F_FMA, F_FNMA, F_FMS};
     for (size_t k = 0; k < sizeof arith / sizeof *arith; k++) run_both(arith[k], g, 0, N * 4, CMP_F32_ARITH, 0);
-    run_both(F_MASK_ANY, g, 0, N * 4, CMP_BYTES, 0);
     run_both(F_LO_HI_PD, g, 0, N * 8, CMP_BYTES, 0);
     run_both(F_FROM_PD, g, 0, N * 4, CMP_BYTES, 0);
     vec_args ge = g;
     ge.a = fk;
     run_both(F_EXP2I, ge, 0, N * 4, CMP_BYTES, 0);
 
-    const int dops[] = {D_ZERO, D_SET1, D_LOAD, D_AND, D_OR, D_ABS, D_TO_FLOAT, D_NGE, D_GT, D_MASK_OR, D_MASK_ANY,
+    const int dops[] = {D_ZERO, D_SET1, D_LOAD, D_OR, D_ABS, D_TO_FLOAT, D_NGE, D_GT, D_MASK_OR, D_MASK_ANY,
                         D_KEEP, D_MASK_FIRST, D_BITS_MASK};
     for (size_t k = 0; k < sizeof dops / sizeof *dops; k++) run_both(dops[k], g, 0, N * 8, CMP_BYTES, 0);
     const int darith[] = {D_ADD, D_SUB, D_MUL, D_FMA, D_FNMA, D_HSUM};
@@ -478,10 +464,8 @@ static void check_masked(void)
         run_both(D_LOAD_PART, g, 0, VFL * 4, CMP_BYTES, 0);
         /* stores: ending at the page, and at every offset in a guarded block */
         g.i = 0;
-        run_both(F_STORE_PART, g, VFL * 4, cf * 4, CMP_BYTES, 1);
         run_both(D_STORE_PART, g, VFL * 4, cd * 8, CMP_BYTES, 1);
         for (g.i = 0; g.i < VFL; g.i++) {
-            run_both(F_STORE_PART, g, 0, (g.i + VFL) * 4, CMP_BYTES, 0);
             run_both(D_STORE_PART, g, 0, (g.i + VFL) * 8, CMP_BYTES, 0);
         }
     }
@@ -493,7 +477,6 @@ static void check_masked(void)
         vec_args g = {fa + rep * 4, fb, fc + rep * 8, dA + rep * 4, dB, dC + rep * 8, cnts, NULL, NULL, 0, 0, 0, 0, 0};
         g.src = fs + rep % 64;
         run_both(F_LOAD_PART_M, g, 0, VFL * 4, CMP_BYTES, 0);
-        run_both(F_STORE_PART_M, g, 0, VFL * 4, CMP_BYTES, 0);
         g.src = ds + rep % 64;
         run_both(D_LOAD_PART_M, g, 0, VFL * 4, CMP_BYTES, 0);
         run_both(D_STORE_PART_M, g, 0, VFL * 4, CMP_BYTES, 0);

@@ -112,7 +112,6 @@ INLINE vd vd_mul(vd a, vd b) { for (int l = 0; l < VD_LANES; l++) a.v[l] *= b.v[
 /* a * b + c and c - a * b, one rounding */
 INLINE vd vd_fma(vd a, vd b, vd c) { for (int l = 0; l < VD_LANES; l++) a.v[l] = fma(a.v[l], b.v[l], c.v[l]); return a; }
 INLINE vd vd_fnma(vd a, vd b, vd c) { for (int l = 0; l < VD_LANES; l++) a.v[l] = fma(-a.v[l], b.v[l], c.v[l]); return a; }
-INLINE vd vd_and(vd a, vd b) { for (int l = 0; l < VD_LANES; l++) a.v[l] = port_u2d(port_d2u(a.v[l]) & port_d2u(b.v[l])); return a; }
 INLINE vd vd_or(vd a, vd b) { for (int l = 0; l < VD_LANES; l++) a.v[l] = port_u2d(port_d2u(a.v[l]) | port_d2u(b.v[l])); return a; }
 /* The lanes summed pairwise, upper half onto lower half until one is left:
  * for 4 lanes (v0 + v2) + (v1 + v3).  The order is part of the meaning, so
@@ -139,7 +138,6 @@ INLINE vd_mask vd_nge(vd a, vd b) { vd_mask m; for (int l = 0; l < VD_LANES; l++
 INLINE vd_mask vd_gt(vd a, vd b) { vd_mask m; for (int l = 0; l < VD_LANES; l++) m.on[l] = a.v[l] > b.v[l]; return m; }
 INLINE vd_mask vd_mask_or(vd_mask a, vd_mask b) { for (int l = 0; l < VD_LANES; l++) a.on[l] |= b.on[l]; return a; }
 INLINE int vd_mask_any(vd_mask m) { int r = 0; for (int l = 0; l < VD_LANES; l++) r |= m.on[l]; return r; }
-INLINE vd_mask vd_mask_none(void) { return vd_mask_first(0); }
 /* |v|: the sign bit cleared (a NaN stays NaN) */
 INLINE vd vd_abs(vd v) { for (int l = 0; l < VD_LANES; l++) v.v[l] = port_u2d(port_d2u(v.v[l]) & 0x7fffffffffffffffu); return v; }
 /* set lanes all ones, clear lanes 0 (as vf_mask_bits) */
@@ -165,7 +163,6 @@ INLINE vf vf_load_part(const float *p, vf_mask m)
     for (int l = 0; l < VF_LANES; l++) r.v[l] = m.on[l] ? p[l] : 0.0f;
     return r;
 }
-INLINE void vf_store_part(float *p, vf_mask m, vf v) { for (int l = 0; l < VF_LANES; l++) if (m.on[l]) p[l] = v.v[l]; }
 /* v in the set lanes of m, +0 in the others */
 INLINE vf vf_keep(vf v, vf_mask m) { for (int l = 0; l < VF_LANES; l++) if (!m.on[l]) v.v[l] = 0.0f; return v; }
 INLINE vf vf_add(vf a, vf b) { for (int l = 0; l < VF_LANES; l++) a.v[l] += b.v[l]; return a; }
@@ -202,9 +199,6 @@ INLINE vf vf_exp2i(vf k)
 INLINE vf_mask vf_lt(vf a, vf b) { vf_mask m; for (int l = 0; l < VF_LANES; l++) m.on[l] = a.v[l] < b.v[l]; return m; }
 INLINE vf_mask vf_gt(vf a, vf b) { vf_mask m; for (int l = 0; l < VF_LANES; l++) m.on[l] = a.v[l] > b.v[l]; return m; }
 INLINE vf_mask vf_unord(vf a, vf b) { vf_mask m; for (int l = 0; l < VF_LANES; l++) m.on[l] = isnan(a.v[l]) || isnan(b.v[l]); return m; }
-INLINE vf_mask vf_mask_and(vf_mask a, vf_mask b) { for (int l = 0; l < VF_LANES; l++) a.on[l] &= b.on[l]; return a; }
-INLINE vf_mask vf_mask_or(vf_mask a, vf_mask b) { for (int l = 0; l < VF_LANES; l++) a.on[l] |= b.on[l]; return a; }
-INLINE int vf_mask_any(vf_mask m) { int r = 0; for (int l = 0; l < VF_LANES; l++) r |= m.on[l]; return r; }
 /* set lanes all ones, clear lanes 0 */
 INLINE vf vf_mask_bits(vf_mask m) { vf r; for (int l = 0; l < VF_LANES; l++) r.v[l] = port_u2f(m.on[l] ? 0xffffffffu : 0u); return r; }
 /* b in the set lanes of m, a in the others */
