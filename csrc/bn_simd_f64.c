@@ -114,7 +114,9 @@ INLINE void sums_flat_pd(int grad, const double *dy, const double *x, int64_t n,
         vd_mask mk = vd_mask_first(n - i);
         const vd *q = odd ? mo : me;
         vd g = grad ? vd_load_part(dy + i, mk) : vd_zero(), v = vd_load_part(x + i, mk);
-        sums_step_pd(grad, odd ? &b1 : &a1, g, v, vd_keep(q[0], mk), vd_keep(grad ? q[1] : q[0], mk));
+        vd m0 = vd_keep(q[0], mk), m1 = vd_keep(grad ? q[1] : q[0], mk);
+        if (odd) sums_step_pd(grad, &b1, g, v, m0, m1);
+        else sums_step_pd(grad, &a1, g, v, m0, m1);
     }
     ea->s1 = vd_add(a0.s1, a1.s1);
     ea->s2 = vd_add(a0.s2, a1.s2);
@@ -143,6 +145,26 @@ INLINE void sums_run_pd(int grad, const double *dy, const double *x, int64_t n, 
     sums_flat_pd(grad, dy, x, n, m, &a, &b);
     acc[0] = vd_hsum(vd_add(a.s1, b.s1));
     acc[1] = vd_hsum(vd_add(a.s2, b.s2));
+}
+
+/* nr (1 or 2) rows from element o of sums_rows_pd's rows: the whole
+ * column blocks' sums added to acc, the partial block's to t (parameters
+ * t0, t1) */
+INLINE void rows_step_pd(int grad, int nr, const double *dy, const double *x, int64_t o, int64_t w,
+                         const double *const *v, vd t0, vd t1, vd_acc *t, double *acc)
+{
+    const int64_t full = w & ~(int64_t)(VD_LANES - 1), cnt = w - full;
+    const vd_mask mk = vd_mask_first(cnt);
+    for (int64_t j = 0; j < full; j += VD_LANES) {
+        vd_acc c = {vd_load(acc + j), vd_load(acc + w + j)};
+        const vd m[2] = {vd_load(v[0] + j), grad ? vd_load(v[1] + j) : vd_zero()};
+        for (int k = 0; k < nr; k++) sums_at_pd(grad, &c, dy, x, o + k * w + j, m);
+        vd_store(acc + j, c.s1);
+        vd_store(acc + w + j, c.s2);
+    }
+    for (int k = 0; cnt && k < nr; k++)
+        sums_step_pd(grad, t, grad ? vd_load_part(dy + o + k * w + full, mk) : vd_zero(),
+                     vd_load_part(x + o + k * w + full, mk), t0, t1);
 }
 
 /* Sums of rows of w columns, per column to acc[0, w) and acc[w, 2 w); v:
@@ -174,33 +196,8 @@ INLINE void sums_rows_pd(int grad, const double *dy, const double *x, int64_t ro
     if (cnt) t0 = ldpart_pd(v[0] + full, cnt);
     if (cnt && grad) t1 = ldpart_pd(v[1] + full, cnt);
     int64_t r = 0;
-    for (; r + 2 <= rows; r += 2) {
-        const int64_t o0 = r * w, o1 = o0 + w;
-        for (int64_t j = 0; j < full; j += VD_LANES) {
-            vd_acc c = {vd_load(acc + j), vd_load(acc + w + j)};
-            const vd m[2] = {vd_load(v[0] + j), grad ? vd_load(v[1] + j) : vd_zero()};
-            sums_at_pd(grad, &c, dy, x, o0 + j, m);
-            sums_at_pd(grad, &c, dy, x, o1 + j, m);
-            vd_store(acc + j, c.s1);
-            vd_store(acc + w + j, c.s2);
-        }
-        for (int64_t o = o0; cnt && o <= o1; o += w)
-            sums_step_pd(grad, &t, grad ? vd_load_part(dy + o + full, mk) : vd_zero(), vd_load_part(x + o + full, mk),
-                         t0, t1);
-    }
-    if (r < rows) {
-        const int64_t o0 = r * w;
-        for (int64_t j = 0; j < full; j += VD_LANES) {
-            vd_acc c = {vd_load(acc + j), vd_load(acc + w + j)};
-            const vd m[2] = {vd_load(v[0] + j), grad ? vd_load(v[1] + j) : vd_zero()};
-            sums_at_pd(grad, &c, dy, x, o0 + j, m);
-            vd_store(acc + j, c.s1);
-            vd_store(acc + w + j, c.s2);
-        }
-        if (cnt)
-            sums_step_pd(grad, &t, grad ? vd_load_part(dy + o0 + full, mk) : vd_zero(),
-                         vd_load_part(x + o0 + full, mk), t0, t1);
-    }
+    for (; r + 2 <= rows; r += 2) rows_step_pd(grad, 2, dy, x, r * w, w, v, t0, t1, &t, acc);
+    if (r < rows) rows_step_pd(grad, 1, dy, x, r * w, w, v, t0, t1, &t, acc);
     if (cnt) {
         vd_store_part(acc + full, mk, t.s1);
         vd_store_part(acc + w + full, mk, t.s2);

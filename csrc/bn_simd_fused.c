@@ -290,6 +290,7 @@ INLINE void fapply_rows_w_ps(const void *x, const void *side, void *y, int64_t r
 {
     const float *const v[4] = APPLY_ARRAYS(p);
     const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
+    const vf z = vf_zero();
     vf t[4];
     tail_params_ps(v, 4, full, cnt, t);
     for (int64_t r = 0; r < rows; r++) {
@@ -297,24 +298,13 @@ INLINE void fapply_rows_w_ps(const void *x, const void *side, void *y, int64_t r
         for (int64_t j = 0; j < full; j += VF_LANES) {
             vf q[4];
             col_params_ps(v, 4, j, q);
-            fout_vecs(0, 1, NULL, x, side, y, NULL, o + j, q, kind, hs, al, dt, nt);
+            /* written out, not fout_vecs: through it GCC made this loop
+             * 1.3-1.4x slower in L2 with a side input (table_ab.sh) */
+            vf x0 = vf_ld(x, o + j, dt), s0 = hs ? vf_ld(side, o + j, dt) : z;
+            st_out(y, o + j, act_ps(fused_pre_ps(x0, s0, q, hs), kind, al), dt, nt);
         }
         if (cnt) fout_part(0, NULL, x, side, y, NULL, o + full, cnt, n - o - full, t, kind, hs, al, dt);
     }
-}
-
-/* One run's broadcast parameters of a fused kernel (run_params_ps): mhi,
- * mlo, alpha, beta (forward) or FGRAD_ARRAYS's first k */
-INLINE void fapply_params_ps(const cfbn_apply_f32 *p, vf *q)
-{
-    const float *const v[4] = APPLY_ARRAYS(p);
-    run_params_ps(v, 4, q);
-}
-
-INLINE void fgrad_params_ps(const cfbn_grad_f32 *p, int k, vf *q)
-{
-    const float *const v[7] = FGRAD_ARRAYS(p);
-    run_params_ps(v, k, q);
 }
 
 INLINE void fapply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f32 *p, int dt)
@@ -322,7 +312,7 @@ INLINE void fapply_run_ps(const void *x, void *y, int64_t n, const cfbn_apply_f3
     const int nt = fused_nt(p->stream, dt, y, y, 0);
     const vf al = vf_set1(p->act_alpha);
     vf q[8];
-    fapply_params_ps(p, q);
+    run_params_ps((const float *const[4])APPLY_ARRAYS(p), 4, q);
     const void *side = p->side;
 #define FAPPLY_RUN(k) fout_flat_ps(0, NULL, x, side, y, NULL, n, q, k, side != NULL, al, dt, nt)
     FUSED_SPECIALIZE(p->act, side, FAPPLY_RUN)
@@ -612,7 +602,7 @@ INLINE void fgstats_run_ps(const void *dy, const void *x, int64_t n, const cfbn_
 {
     const vf al = vf_set1(p->act_alpha);
     vf q[8];
-    fgrad_params_ps(p, 4, q);
+    run_params_ps((const float *const[7])FGRAD_ARRAYS(p), 4, q);
     const void *side = p->side;
 #define FGSTATS_RUN(k) fgstats_tree_ps(dy, x, side, p->g_out, n, q, k, side != NULL, al, dt, acc)
     FUSED_SPECIALIZE(p->act, side, FGSTATS_RUN)
@@ -657,6 +647,7 @@ INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, v
 {
     const float *const v[7] = FGRAD_ARRAYS(p);
     const int64_t full = w & ~(int64_t)(VF_LANES - 1), cnt = w - full, n = rows * w;
+    const vf z = vf_zero();
     vf t[7];
     tail_params_ps(v, 7, full, cnt, t);
     /* blocks of FUSED_ROWS rows, each VF_LANES-column group's 7 parameters
@@ -679,7 +670,13 @@ INLINE void fgapply_rows_w_ps(const void *dy, const void *x, const void *side, v
             }
             vf q[7];
             col_params_ps(v, 7, j, q);
-            for (int64_t k = 0; k < kr; k++) fout_vecs(1, 1, dy, x, side, dx, sg, o + k * w + j, q, kind, hs, al, dt, 0);
+            for (int64_t k = 0; k < kr; k++) {
+                const int64_t e = o + k * w + j;
+                vf x0 = vf_ld(x, e, dt), s0 = hs ? vf_ld(side, e, dt) : z;
+                vf g0 = fused_g_ps(vf_ld(dy, e, dt), x0, s0, q, kind, hs, al);
+                if (sg) vf_st(sg, e, g0, dt);
+                vf_st(dx, e, gapply_ps(g0, x0, q[0], q[1], q[4], q[5], q[6]), dt);
+            }
         }
         for (int64_t k = 0; cnt && k < kr; k++) {
             const int64_t e = o + k * w + full;
@@ -708,7 +705,7 @@ INLINE void fgapply_run_ps(const void *dy, const void *x, void *dx, int64_t n, c
     const int nt = fgapply_nt(p, dt, dx, 0);
     const vf al = vf_set1(p->act_alpha);
     vf q[14];
-    fgrad_params_ps(p, 7, q);
+    run_params_ps((const float *const[7])FGRAD_ARRAYS(p), 7, q);
     const void *side = p->side;
     void *sg = p->side_grad;
 #define FGAPPLY_RUN(k) fout_flat_ps(1, dy, x, side, dx, sg, n, q, k, side != NULL, al, dt, nt)
@@ -936,7 +933,7 @@ INLINE void fapply_runs_ps(const void *x, void *y, int64_t n, const cfbn_apply_f
 {
     const vf al = vf_set1(p->act_alpha);
     vf q[8];
-    fapply_params_ps(p, q);
+    run_params_ps((const float *const[4])APPLY_ARRAYS(p), 4, q);
     const void *side = p->side;
 #define FAPPLY_RUNS(k) fapply_runs_k(x, side, y, n, p->runs, p->stride, q, k, side != NULL, al, dt)
     FUSED_SPECIALIZE(p->act, side, FAPPLY_RUNS)
@@ -985,7 +982,7 @@ INLINE void fgstats_runs_ps(const void *dy, const void *x, int64_t n, const cfbn
 {
     const vf al = vf_set1(p->act_alpha);
     vf q[8];
-    fgrad_params_ps(p, 4, q);
+    run_params_ps((const float *const[7])FGRAD_ARRAYS(p), 4, q);
     const void *side = p->side;
 #define FGSTATS_RUNS(k) fgstats_runs_k(dy, x, side, p->g_out, n, p->runs, p->stride, q, k, side != NULL, al, dt, acc)
     FUSED_SPECIALIZE(p->act, side, FGSTATS_RUNS)
@@ -1015,7 +1012,7 @@ INLINE void fgapply_runs_ps(const void *dy, const void *x, void *dx, int64_t n, 
 {
     const vf al = vf_set1(p->act_alpha);
     vf q[14];
-    fgrad_params_ps(p, 7, q);
+    run_params_ps((const float *const[7])FGRAD_ARRAYS(p), 7, q);
     const void *side = p->side;
     void *sg = p->side_grad;
 #define FGAPPLY_RUNS(k) fgapply_runs_k(dy, x, side, dx, sg, n, p->runs, p->stride, q, k, side != NULL, al, dt)
