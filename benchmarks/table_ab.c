@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "cfbn.h"
@@ -57,8 +58,9 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    const char *only = argc > 1 ? argv[1] : NULL;   /* one entry's cells, e.g. gstats_run */
     const int64_t N = 8 << 20;
     float **bufs[] = {&X, &DY, &Y, &S, &SG};
     for (int b = 0; b < 5; b++) *bufs[b] = aligned_alloc(64, (size_t)N * sizeof(float));
@@ -75,6 +77,13 @@ int main(void)
     }
     static const char *entries[] = {"apply_run", "apply_rows", "gstats_run", "gstats_rows", "gapply_run",
                                     "gapply_rows"};
+    int known = !only;
+    for (int e = 0; e < 6; e++) known |= only && !strcmp(only, entries[e]);
+    if (!known) {
+        fprintf(stderr, "table_ab: no entry %s (apply_run, apply_rows, gstats_run, gstats_rows, gapply_run, "
+                        "gapply_rows)\n", only);
+        return 2;
+    }
     static const struct {
         const char *name;
         int act, side;
@@ -93,7 +102,7 @@ int main(void)
     int cells = 0;
     for (int si = 0; si < 3; si++)
         for (int e = 0; e < 6; e++)
-            for (int v = 0; v < nv; v++)
+            for (int v = 0; v < nv && (!only || !strcmp(only, entries[e])); v++)
                 for (int wi = 0; wi < ((e & 1) ? 2 : 1); wi++) {
                     const int64_t w = widths[wi], n = sizes[si].n / w * w;
                     const int act = variants[v].act, side = variants[v].side, st = sizes[si].stream;
