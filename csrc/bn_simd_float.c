@@ -344,14 +344,46 @@ INLINE void stats_flat_ps(const void *x, int64_t n, const vd *sh, int dt, accf *
  * comes off in double, as sum g (x - mhi) - mlo sum g, which is more
  * accurate than subtracting it from every element and takes one float
  * subtraction less per element. */
-INLINE void gstats_tree_step(accf *a, const vf *g, const vf *u, vf mlo)
+INLINE void gstats_tree_add(accf *a, vf t1, vf t2, vf mlo)
 {
-    vf t1 = tree8(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]), t2 = dot_tree8(g, u);
     vd t1lo = vf_lo_pd(t1), t1hi = vf_hi_pd(t1);
     a->s1lo = vd_add(a->s1lo, t1lo);
     a->s1hi = vd_add(a->s1hi, t1hi);
     a->s2lo = vd_fnma(vf_lo_pd(mlo), t1lo, vd_add(a->s2lo, vf_lo_pd(t2)));
     a->s2hi = vd_fnma(vf_hi_pd(mlo), t1hi, vd_add(a->s2hi, vf_hi_pd(t2)));
+}
+
+INLINE void gstats_tree_step(accf *a, const vf *g, const vf *u, vf mlo)
+{
+    gstats_tree_add(a, tree8(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]), dot_tree8(g, u), mlo);
+}
+
+/* tree8 and dot_tree8 of 8 pairs (g, u) given one at a time, k = 0 .. 7:
+ * their operations in their order, with only the partial sums live (s[1],
+ * p[1] hold the results after k = 7), not all 16 vectors, which a loop that
+ * holds activation parameters in registers too would spill.  tree_start's
+ * zeros are never read; they keep GCC from warning in rolled loops. */
+typedef struct {
+    vf g0, u0, s[2], p[2];
+} tree_acc;
+
+INLINE tree_acc tree_start(void)
+{
+    const vf z = vf_zero();
+    return (tree_acc){z, z, {z, z}, {z, z}};
+}
+
+INLINE void tree_push(tree_acc *t, int k, vf g, vf u)
+{
+    if (!(k & 1)) {
+        t->g0 = g, t->u0 = u;
+        return;
+    }
+    vf s = vf_add(t->g0, g), p = vf_fma(g, u, vf_mul(t->g0, t->u0));
+    if (k & 2) s = vf_add(t->s[0], s), p = vf_add(t->p[0], p);
+    if (!(k & 2)) t->s[0] = s, t->p[0] = p;
+    else if (!(k & 4)) t->s[1] = s, t->p[1] = p;
+    else t->s[1] = vf_add(t->s[1], s), t->p[1] = vf_add(t->p[1], p);
 }
 
 /* m: mhi, mlo of even blocks, then of odd blocks.  tree: sum blocks of 8

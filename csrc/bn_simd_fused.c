@@ -214,8 +214,9 @@ INLINE int fused_nt(int stream, int dt, const void *out, const void *out2, int64
 }
 
 /* Blocking factors, not lane counts.  TREE_VECS: the vectors that one
- * gstats_tree_step or stats_block_add sums pairwise in float, so the runs
- * and stretches of a run summed that way go that many at a time.
+ * gstats_tree_step, fgstats_block or stats_block_add sums pairwise in
+ * float, so the runs and stretches of a run summed that way go that many at
+ * a time.
  * FUSED_ROWS: the rows of a block in the fused rows kernels, as the plain
  * rows kernels' blocks (prefetch_group_l2 fetches that many rows). */
 #define TREE_VECS 8
@@ -556,30 +557,50 @@ INLINE void fgstats_rows8_ps(const void *dy, const void *x, const void *side, in
  * gstats_flat_ps's tree) summed pairwise in float, the rest by
  * fgstats_flat_ps's double steps */
 #define FTREE_STRETCH (2 * TREE_VECS * VF_LANES)
+
+/* A fused tree block: TREE_VECS vectors from e, step elements apart, g
+ * formed (and stored where go is given) and summed with x - mhi into a.
+ * Unrolled without an activation or with one whose derivative is a
+ * comparison: GCC left some of these small loops rolled, spilling, and the
+ * unrolled run sums of relu, relu6 and leaky relu take 0.86-0.92 of the time
+ * (benchmarks/table_ab.sh).  Unrolled too, the exp family's (whose arithmetic
+ * outweighs the spills) made bn_avx2.c take 1.6x as long to compile. */
+INLINE void fgstats_vec(tree_acc *t, int k, const void *dy, const void *x, const void *side, void *go, int64_t e,
+                        const vf *q, int kind, int hs, vf al, int dt)
+{
+    vf x0 = vf_ld(x, e, dt), s0 = hs ? vf_ld(side, e, dt) : vf_zero();
+    vf g = fused_g_ps(vf_ld(dy, e, dt), x0, s0, q, kind, hs, al);
+    st_g(go, e, g, dt);
+    tree_push(t, k, g, vf_sub(x0, q[0]));
+}
+
+INLINE void fgstats_block(accf *a, const void *dy, const void *x, const void *side, void *go, int64_t e,
+                          int64_t step, const vf *q, int kind, int hs, vf al, int dt)
+{
+    tree_acc t = tree_start();
+    if (kind == CFBN_ACT_NONE || cfbn_act_grad_is_compare(kind)) {
+#pragma GCC unroll 8
+        for (int k = 0; k < TREE_VECS; k++) fgstats_vec(&t, k, dy, x, side, go, e + k * step, q, kind, hs, al, dt);
+    } else {
+        for (int k = 0; k < TREE_VECS; k++) fgstats_vec(&t, k, dy, x, side, go, e + k * step, q, kind, hs, al, dt);
+    }
+    gstats_tree_add(a, t.s[1], t.p[1], q[1]);
+}
+
 INLINE void fgstats_tree_vec(const void *dy, const void *x, const void *side, void *go, int64_t n, const vf *q,
                              int kind, int hs, vf al, int dt, vd *v1, vd *v2)
 {
-    const vf z = vf_zero();
     accf a = accf_zero(), b = accf_zero(), e, o;
     int64_t i = 0;
     for (; i + FTREE_STRETCH <= n; i += FTREE_STRETCH) {
-        vf g[TREE_VECS], d[TREE_VECS];
-        for (int h = 0; h < 2; h++) {
-            for (int k = 0; k < TREE_VECS; k++) {
-                int64_t e0 = i + 2 * VF_LANES * k + VF_LANES * h;
-                if (!h) {
-                    prefetch_ahead_of(x, e0, dt);
-                    prefetch_ahead_of(dy, e0, dt);
-                    if (hs) prefetch_ahead_of(side, e0, dt);
-                    if (go) prefetch_ahead_of(go, e0, dt);
-                }
-                vf x0 = vf_ld(x, e0, dt), s0 = hs ? vf_ld(side, e0, dt) : z;
-                g[k] = fused_g_ps(vf_ld(dy, e0, dt), x0, s0, q, kind, hs, al);
-                st_g(go, e0, g[k], dt);
-                d[k] = vf_sub(x0, q[0]);
-            }
-            gstats_tree_step(h ? &b : &a, g, d, q[1]);
+        for (int k = 0; k < TREE_VECS; k++) {
+            prefetch_ahead_of(x, i + 2 * VF_LANES * k, dt);
+            prefetch_ahead_of(dy, i + 2 * VF_LANES * k, dt);
+            if (hs) prefetch_ahead_of(side, i + 2 * VF_LANES * k, dt);
+            if (go) prefetch_ahead_of(go, i + 2 * VF_LANES * k, dt);
         }
+        fgstats_block(&a, dy, x, side, go, i, 2 * VF_LANES, q, kind, hs, al, dt);
+        fgstats_block(&b, dy, x, side, go, i + VF_LANES, 2 * VF_LANES, q, kind, hs, al, dt);
     }
     fgstats_flat_ps(elem_at(dy, i, dt), elem_at(x, i, dt), hs ? elem_at(side, i, dt) : NULL,
                     go ? (void *)elem_at(go, i, dt) : NULL, n - i, q, kind, hs, al, dt, &e, &o);
@@ -786,26 +807,18 @@ INLINE int64_t gstats_runs8_ps(const void *dy, const void *x, const void *side, 
     int64_t k = 0;
     for (; k + TREE_VECS <= runs; k += TREE_VECS) {
         accf a = accf_zero();
-        vf g[TREE_VECS], d[TREE_VECS];
-        for (int64_t i = 0; i < full; i += VF_LANES) {
-            for (int r = 0; r < TREE_VECS; r++) {
-                const int64_t e = (k + r) * st + i;
-                vf x0 = vf_ld(x, e, dt), s0 = hs ? vf_ld(side, e, dt) : z;
-                g[r] = fused_g_ps(vf_ld(dy, e, dt), x0, s0, q, kind, hs, al);
-                st_g(go, e, g[r], dt);
-                d[r] = vf_sub(x0, q[0]);
-            }
-            gstats_tree_step(&a, g, d, q[1]);
-        }
+        for (int64_t i = 0; i < full; i += VF_LANES)
+            fgstats_block(&a, dy, x, side, go, k * st + i, st, q, kind, hs, al, dt);
         if (cnt) {
+            tree_acc t = tree_start();
             for (int r = 0; r < TREE_VECS; r++) {
                 const int64_t e = (k + r) * st + full;
                 vf x0 = vf_ld_part(x, e, cnt, cnt, dt), s0 = hs ? vf_ld_part(side, e, cnt, cnt, dt) : z;
-                g[r] = vf_keep(fused_g_ps(vf_ld_part(dy, e, cnt, cnt, dt), x0, s0, q, kind, hs, al), mk);
-                st_g_part(go, e, g[r], cnt, dt);
-                d[r] = vf_sub(x0, tm);
+                vf g = vf_keep(fused_g_ps(vf_ld_part(dy, e, cnt, cnt, dt), x0, s0, q, kind, hs, al), mk);
+                st_g_part(go, e, g, cnt, dt);
+                tree_push(&t, r, g, vf_sub(x0, tm));
             }
-            gstats_tree_step(&a, g, d, tl);
+            gstats_tree_add(&a, t.s[1], t.p[1], tl);
         }
         *s1 = vd_add(*s1, vd_add(a.s1lo, a.s1hi));
         *s2 = vd_add(*s2, vd_add(a.s2lo, a.s2hi));
