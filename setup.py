@@ -9,7 +9,10 @@ its architecture and dispatch.c picks the best table at import.
 The C files are compiled side by side, one compiler process per file
 (CFBN_BUILD_JOBS, default the number of CPUs): the ISA files and the Cython
 module take most of the time.  An -O level in CFLAGS replaces the default -O3
-(the sanitizer build uses -O1).
+(the sanitizer build uses -O1).  -O3, not -O2: at -O2 bn_avx2.c compiles in
+57 s instead of 78 s, with 23% less code, but its table runs 1.27-1.32x as
+long (geometric mean of benchmarks/table_ab.sh's cells with NEW_CFLAGS=-O2;
+fused loops in L2 up to 5x).
 
 The C files of csrc/ do not include Python.h and are compiled with flags of
 their own (plus CFLAGS and CPPFLAGS), not the Python's build flags, which differ
