@@ -479,7 +479,10 @@ COLD void fgstats_column_pd(const void *dy, const void *x, int64_t rows, int64_t
     const void *side = p->side;
     float mhi = p->mhi[c], mlo = p->mlo[c], ya = p->ya[c], yb = p->yb[c];
     double a = 0.0, b = 0.0;
-    for (int64_t r = 0; r < rows && b == b; r++) {
+    /* A NaN g makes both sums NaN for good, so the loop stops there; a NaN
+     * g d alone does not: g is 0 where an infinite x meets a zero act',
+     * and sum g stays finite past it. */
+    for (int64_t r = 0; r < rows && a == a; r++) {
         int64_t i = r * w + j;
         float xv = ld1(x, i, dt), sv = side ? ld1(side, i, dt) : 0.0f;
         float g = cfbn_fused_g_f(p->act, p->act_alpha, ld1(dy, i, dt), xv, side != NULL, sv, mhi, mlo, ya, yb);

@@ -336,3 +336,67 @@ def test_half_nan_and_inf_stay_what_they_are(isa, dtype, training):
                                    data_format="NC", is_training=False)
     dx = g.x_backprop.astype(np.float64)
     assert np.isnan(dx[1, [0, 3]]).all() and dx[1, 1] == INF and dx[1, 2] == -INF
+
+
+# ---- an infinite x where the activation's derivative is 0 ----
+#
+# Inference-mode fused gradient: where x is +-Inf and act'(pre) is 0 there,
+# g = dy act' = 0 exactly, so sum g (offset_backprop) stays finite while
+# sum g x_hat (scale_backprop) is NaN.  The vector tables' float sums see the
+# NaN and sum the channel again in double; that redo must not stop at the
+# first NaN product while sum g is still finite.  The shapes reach the long
+# runs (tree blocks), short runs, flat rows and wide rows of each table.
+
+ZERO_SLOPE_ACTIVATIONS = ["relu", "relu6", "elu", "sigmoid", "tanh", "silu"]
+INF_SHAPES = {"NCHW": [(1, 3, 5000, 1), (6, 3, 7, 7)], "NCDHW": [(1, 3, 2, 1500, 1)],
+              "NHWC": [(2, 40, 50, 3), (2, 16, 16, 48)], "NDHWC": [(2, 4, 5, 100, 3)],
+              "NC": [(4096, 3), (700, 48)]}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("data_format", FORMATS)
+@pytest.mark.parametrize("act", ZERO_SLOPE_ACTIVATIONS)
+def test_fused_grad_infinite_x_keeps_sum_of_g(isa, act, data_format, dtype):
+    vdt = vector_dtype(dtype)
+    k = 1
+    for shape in INF_SHAPES[data_format]:
+        axis = reference.channel_axis(data_format, len(shape))
+        c = shape[axis]
+        n = int(np.prod(shape))
+        rng = np.random.default_rng(seed_of("inf-g", act, data_format, shape))
+        # x = linspace(-1, 1) in memory order, so every channel spans zero
+        base = np.linspace(-1.0, 1.0, n).reshape(shape).astype(dtype)
+        dy = (1.0 + rng.random(shape)).astype(dtype)
+        mean, var = np.zeros(c, vdt), np.ones(c, vdt)
+        offset = np.zeros(c, vdt)
+        for side in (None, rng.standard_normal(shape).astype(dtype)):
+            for sign, where in ((1.0, "first"), (-1.0, "middle"), (1.0, "last")):
+                for inf in (INF, -INF):
+                    scale = np.full(c, sign, vdt)
+                    x = base.copy()
+                    idx = np.argwhere(np.take(np.ones(shape, bool), k, axis=axis))
+                    pos = {"first": 0, "middle": len(idx) // 2, "last": len(idx) - 1}[where]
+                    full = list(idx[pos])
+                    full.insert(axis, k)
+                    x[tuple(full)] = inf
+                    kw = dict(epsilon=1e-3, data_format=data_format, is_training=False,
+                              offset=offset, activation=act, side_input=side)
+                    got = cfbn.fused_batch_norm_grad(dy, x, scale, mean, var, **kw)
+                    clean = cfbn.fused_batch_norm_grad(dy, base, scale, mean, var, **kw)
+                    with np.errstate(all="ignore"):
+                        ref = reference.fused_batch_norm_grad(dy, x, scale, mean, var, **kw)
+                    case = f"{shape} side={side is not None} x={inf} at {where}, scale {sign}"
+                    for name in ("scale_backprop", "offset_backprop"):
+                        g = np.asarray(getattr(got, name), np.float64)
+                        r = np.asarray(getattr(ref, name), np.float64)
+                        cl = np.asarray(getattr(clean, name))
+                        others = np.arange(c) != k
+                        assert same_bits(np.asarray(getattr(got, name))[others], cl[others]), \
+                            f"{name}: {case}: other channels changed"
+                        assert np.isfinite(g[k]) == np.isfinite(r[k]), \
+                            f"{name}: {case}: got {g[k]!r}, reference {r[k]!r}"
+                        if np.isfinite(r[k]):
+                            tol = RTOL[np.dtype(dtype)] * (np.sum(np.abs(dy.astype(np.float64)
+                                                                  .take(k, axis=axis))) + 1.0)
+                            assert abs(g[k] - r[k]) <= tol, \
+                                f"{name}: {case}: got {g[k]!r}, reference {r[k]!r}"
