@@ -634,3 +634,78 @@ def test_one_list_of_activations():
         _activation.activate_(z.clone(), "gelu", None)
     with pytest.raises(ValueError):
         _bridge._activation_derivatives(z, "gelu", None)
+
+
+# ---- a meta tensor beside a CPU input ----
+#
+# A meta argument sends the whole call to the operators' fake kernels (the
+# dispatcher's Meta key outranks CPU), which allocate like the input: real
+# CPU tensors, never written.  Every entrance refuses it, with one message.
+
+def _meta_message(name):
+    return "%s: expected a tensor on the input's device cpu, got one on meta" % name
+
+
+@pytest.mark.parametrize("name", ["weight", "bias", "running_mean", "running_var",
+                                  "num_batches_tracked"])
+def test_module_with_a_meta_buffer_refuses_the_call(name):
+    m = ct.BatchNorm2d(3, momentum=None if name == "num_batches_tracked" else 0.1)
+    t = getattr(m, name)
+    meta = torch.empty_like(t, device="meta")
+    if isinstance(t, nn.Parameter):
+        meta = nn.Parameter(meta)
+    setattr(m, name, meta)
+    x = _input((4, 3, 5, 6), None)
+    for training in (True, False):
+        if name == "num_batches_tracked" and not training:
+            continue
+        m.train(training)
+        with pytest.raises(ValueError, match=_meta_message(name)):
+            m(x)
+
+
+@pytest.mark.parametrize("name", ["weight", "bias", "running_mean", "running_var",
+                                  "side_input"])
+def test_functional_with_a_meta_tensor_refuses_the_call(name):
+    x = _input((4, 3, 5, 6), None)
+    args = dict(running_mean=torch.zeros(3), running_var=torch.ones(3), weight=torch.ones(3),
+                bias=torch.zeros(3), side_input=torch.zeros_like(x))
+    args[name] = torch.empty_like(args[name], device="meta")
+    with pytest.raises(ValueError, match=_meta_message(name)):
+        ct.batch_norm(x, args.pop("running_mean"), args.pop("running_var"), training=True,
+                      **args)
+
+
+def _operator_args(x):
+    c = x.shape[1]
+    fwd = dict(input=x, weight=torch.ones(c), bias=torch.zeros(c), running_mean=torch.zeros(c),
+               running_var=torch.ones(c), num_batches_tracked=torch.tensor(1), training=True,
+               momentum=None, eps=1e-5, activation=1, alpha=0.0,
+               side_input=torch.zeros_like(x))
+    bwd = dict(grad_out=torch.ones_like(x), input=x, weight=torch.ones(c), bias=torch.zeros(c),
+               save_mean=torch.zeros(c), save_var=torch.ones(c), training=True, eps=1e-5,
+               activation=1, alpha=0.0, side_input=torch.zeros_like(x))
+    gg = dict(grad_out=torch.ones_like(x), input=x, weight=torch.ones(c),
+              save_mean=torch.zeros(c), save_var=torch.ones(c),
+              grad_grad_input=torch.ones_like(x), grad_grad_weight=torch.ones(c),
+              grad_grad_bias=torch.ones(c), training=True, eps=1e-5)
+    return {"batch_norm": fwd, "batch_norm_backward": bwd, "batch_norm_double_backward": gg}
+
+
+@pytest.mark.parametrize("op, name", [(op, n) for op, kw in _operator_args(torch.ones(2, 3, 2, 2))
+                                      .items() for n, v in kw.items()
+                                      if isinstance(v, torch.Tensor) and n != "input"])
+def test_operator_with_a_meta_tensor_refuses_the_call(op, name):
+    x = _input((4, 3, 5, 6), None)
+    kw = _operator_args(x)[op]
+    kw[name] = torch.empty_like(kw[name], device="meta")
+    with pytest.raises(ValueError, match=_meta_message(name)):
+        getattr(OPS, op)(**kw)
+
+
+def test_operators_on_meta_inputs_still_give_meta_outputs():
+    x = torch.empty(4, 3, 5, 6, device="meta")
+    for op, kw in _operator_args(x).items():
+        kw = {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+        for out in getattr(OPS, op)(**kw):
+            assert out.is_meta, op

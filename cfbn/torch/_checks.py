@@ -48,6 +48,19 @@ def like_input(t, name, x):
         raise TypeError("%s: expected the input's dtype %s, got %s" % (name, x.dtype, t.dtype))
 
 
+def same_device(x, named):
+    """Every tensor of `named` ((tensor or None, name) pairs) on x's device.
+
+    A meta tensor beside a CPU input sends the whole call to the operators'
+    fake kernels (the dispatcher's Meta key outranks CPU), which would
+    return uninitialized CPU tensors: refused here, at every entrance, as
+    nn refuses it."""
+    for t, name in named:
+        if isinstance(t, torch.Tensor) and t.device != x.device:
+            raise ValueError("%s: expected a tensor on the input's device %s, got one on %s"
+                             % (name, x.device, t.device))
+
+
 def number(value, name, low):
     """A finite float >= low (or any finite float for low None)."""
     try:
@@ -72,6 +85,8 @@ def call(x, weight, bias, running_mean, running_var, side_input, training, momen
     if not training and running_mean is None:
         raise ValueError("running_mean, running_var: required when training is False")
     like_input(side_input, "side_input", x)
+    same_device(x, ((weight, "weight"), (bias, "bias"), (running_mean, "running_mean"),
+                    (running_var, "running_var"), (side_input, "side_input")))
     if momentum is not None:
         # nn.BatchNorm takes any momentum: (1 - m) * old + m * batch
         number(momentum, "momentum", None)

@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from .. import _args
-from . import _bridge, _library
+from . import _bridge, _checks, _library
 
 _NAMES = {code: name for name, (code, _) in _args.ACTIVATIONS.items()}
 
@@ -150,6 +150,10 @@ def _grad_vector_dtype(param, vdt):
 @torch.library.register_fake("cfbn::batch_norm")
 def _(input, weight, bias, running_mean, running_var, num_batches_tracked, training, momentum,
       eps, activation, alpha, side_input):
+    _checks.same_device(input, ((weight, "weight"), (bias, "bias"),
+                                (running_mean, "running_mean"), (running_var, "running_var"),
+                                (num_batches_tracked, "num_batches_tracked"),
+                                (side_input, "side_input")))
     vdt = _vector_dtype(input)
     channels = input.shape[1]
     updated = channels if training and running_mean is not None else 0
@@ -161,6 +165,9 @@ def _(input, weight, bias, running_mean, running_var, num_batches_tracked, train
 @torch.library.register_fake("cfbn::batch_norm_backward")
 def _(grad_out, input, weight, bias, save_mean, save_var, training, eps, activation, alpha,
       side_input):
+    _checks.same_device(input, ((grad_out, "grad_out"), (weight, "weight"), (bias, "bias"),
+                                (save_mean, "save_mean"), (save_var, "save_var"),
+                                (side_input, "side_input")))
     vdt = _vector_dtype(input)
     channels = input.shape[1]
     dside = _bridge.empty_like(input) if side_input is not None else input.new_empty(0)
@@ -172,6 +179,11 @@ def _(grad_out, input, weight, bias, save_mean, save_var, training, eps, activat
 @torch.library.register_fake("cfbn::batch_norm_double_backward")
 def _(grad_out, input, weight, save_mean, save_var, grad_grad_input, grad_grad_weight,
       grad_grad_bias, training, eps):
+    _checks.same_device(input, ((grad_out, "grad_out"), (weight, "weight"),
+                                (save_mean, "save_mean"), (save_var, "save_var"),
+                                (grad_grad_input, "grad_grad_input"),
+                                (grad_grad_weight, "grad_grad_weight"),
+                                (grad_grad_bias, "grad_grad_bias")))
     vdt = _vector_dtype(input)
     return (_bridge.empty_like(input), _bridge.empty_like(input),
             input.new_empty(input.shape[1], dtype=_grad_vector_dtype(weight, vdt)))
