@@ -161,10 +161,74 @@ def _mismatch_worker(rank, world):
     assert not torch.equal(bn.running_mean, before)
 
 
+def _skipped_backward_worker(rank, world):
+    """Rank 1 skips a backward: its next forward's gather meets rank 0's
+    backward gather, and both raise the same error (gloo aborted before the
+    rows carried their kind)."""
+    assert world == 2
+    bn = ct.SyncBatchNorm(3)
+    x = torch.randn(4, 3, 2, requires_grad=True)
+    bn(x).sum().backward()          # agreed, and in step
+    y = bn(x)
+    out_of_step = (RuntimeError, r"out of step: a backward on rank 0, a forward on rank 1")
+    if rank == 0:
+        _raises(*out_of_step, y.sum().backward)
+    else:
+        _raises(*out_of_step, bn, x)
+
+
+def _teardown_worker(rank, world):
+    """Nothing of cfbn's keeps a gather's Work, or the process group, past
+    destroy_process_group: a Work destroyed after its group, at interpreter
+    exit, aborts the process in gloo ("terminate called without an active
+    exception").  The garbage collector is off, so a reference cycle would
+    keep them too."""
+    import gc
+    import weakref
+
+    from cfbn.torch import _sync_check
+
+    gc.disable()
+    works = []
+    start = _sync_check.start
+
+    def recording_start(*args):
+        pending = start(*args)
+        works.append(weakref.ref(pending.work))
+        return pending
+
+    _sync_check.start = recording_start
+    x = torch.randn(4, 3, 2, requires_grad=True)
+    # a refused input (raised in the frame that caught it), then every gather
+    refused = (ValueError, r"expected at least 2D input") if rank else \
+        (RuntimeError, r"rank 1 of the process group refused its input")
+    _raises(*refused, ct.SyncBatchNorm(3), x if rank == 0 else x[:, 0, 0])
+    bn = ct.SyncBatchNorm(3, activation="relu")
+    bn(x).sum().backward()
+    kept = bn(x)                    # an output and its graph held to the end
+    plain = ct.SyncBatchNorm(3, affine=False, track_running_stats=False)
+    kept_too = plain(x)             # the prefix gathered on every call
+    assert len(works) == 3, works
+    group = weakref.ref(dist.group.WORLD)
+    dist.barrier()
+    dist.destroy_process_group()
+    alive = [w for w in works if w() is not None]
+    assert not alive, "%d gathers' Work outlived the group" % len(alive)
+    assert group() is None, "the destroyed group is still referenced by %s" % [
+        type(r).__name__ for r in gc.get_referrers(group())]
+    assert kept.grad_fn is not None and kept_too.grad_fn is not None
+    gc.enable()
+
+
 def _worker(rank, world, store, mode, sizes=None):
     _ranks.init(rank, world, store)
+    if mode == "teardown":
+        _teardown_worker(rank, world)
+        return
     if mode == "cases":
         _cases_worker(rank, world, [int(s) for s in sizes.split(",")])
+    elif mode == "skip":
+        _skipped_backward_worker(rank, world)
     else:
         _mismatch_worker(rank, world)
     dist.barrier()
@@ -273,6 +337,14 @@ def test_three_ranks_with_an_empty_shard(tmp_path):
 
 def test_ranks_that_disagree_all_raise(tmp_path):
     _ranks.run(__file__, tmp_path, 2, "mismatch")
+
+
+def test_a_skipped_backward_raises_on_every_rank(tmp_path):
+    _ranks.run(__file__, tmp_path, 2, "skip")
+
+
+def test_no_gather_or_group_outlives_destroy_process_group(tmp_path):
+    _ranks.run(__file__, tmp_path, 2, "teardown")
 
 
 if __name__ == "__main__":

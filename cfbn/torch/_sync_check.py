@@ -25,7 +25,13 @@ import torch.distributed as dist
 # The input dtypes a prefix can name: the ones cfbn computes.
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _UNKNOWN = -1
-PREFIX = 4
+# What a gathered row is for: a forward's (its prefix alone, or its
+# statistics) or a backward's gradient sums.  A rank that skipped a backward
+# meets its peers' backward gather with its next forward's: with the kind in
+# every row, and a module's forward and backward rows of one size, that is a
+# Python error on every rank instead of gloo's abort.
+FORWARD, BACKWARD = 1, 2
+PREFIX = 5
 
 # The group each module's ranks last agreed on num_features in.  Weak keys:
 # no module is kept alive, and a copy (an EMA model) starts unagreed on
@@ -35,11 +41,12 @@ _agreed = weakref.WeakKeyDictionary()
 
 def agreed(module, group):
     """Whether `module`'s ranks have agreed on its num_features in `group`."""
-    return _agreed.get(module) is group
+    ref = _agreed.get(module)
+    return ref is not None and ref() is group
 
 
-def prefix(input, num_features, refused):
-    """This rank's prefix: [refused, channels, num_features, dtype code].
+def prefix(input, num_features, refused, kind=FORWARD):
+    """This rank's prefix: [kind, refused, channels, num_features, dtype code].
 
     Parameters
     ----------
@@ -51,6 +58,8 @@ def prefix(input, num_features, refused):
     refused : bool
         Whether this rank's own checks refused its input; it raises its own
         error, the others that it did.
+    kind : int
+        FORWARD or BACKWARD: which gather the row is for.
 
     Returns
     -------
@@ -60,7 +69,8 @@ def prefix(input, num_features, refused):
     if not refused:
         channels = input.shape[1]
         dtype = _DTYPES.index(input.dtype) if input.dtype in _DTYPES else _UNKNOWN
-    return [int(refused), channels, _UNKNOWN if num_features is None else num_features, dtype]
+    return [kind, int(refused), channels, _UNKNOWN if num_features is None else num_features,
+            dtype]
 
 
 class Pending:
@@ -74,8 +84,15 @@ class Pending:
         self.group = group
 
     def wait(self):
-        """The gathered prefixes, one list per rank in rank order."""
-        self.work.wait()
+        """The gathered prefixes, one list per rank in rank order.
+
+        The Work is let go once waited for (a second wait returns the same
+        rows): a c10d Work kept past its wait, by a traceback or an autograd
+        graph, may be destroyed after its process group, at interpreter exit,
+        where gloo aborts the process."""
+        work, self.work = self.work, None
+        if work is not None:
+            work.wait()
         return torch.stack(self.rows).tolist()
 
     def finish(self):
@@ -83,7 +100,8 @@ class Pending:
         that the module's rows now have one size on every rank."""
         check(self.wait(), self.names)
         if self.module is not None:
-            _agreed[self.module] = self.group
+            # weakly: a module kept to the end must not keep its group
+            _agreed[self.module] = weakref.ref(self.group)
 
 
 def start(group, row_prefix, names, module):
@@ -134,8 +152,9 @@ def check(table, names):
     names : str
         The module's per-channel tensors, for the message.
     """
-    refused, channels, expected, dtypes = ([int(v) for v in column]
-                                           for column in zip(*(row[:PREFIX] for row in table)))
+    kinds, refused, channels, expected, dtypes = (
+        [int(v) for v in column] for column in zip(*(row[:PREFIX] for row in table)))
+    check_kinds(kinds)
     if any(refused):
         ranks = [r for r, flag in enumerate(refused) if flag]
         raise RuntimeError("SyncBatchNorm: rank %s of the process group refused its input "
@@ -155,3 +174,14 @@ def check(table, names):
         raise TypeError("input dtype: expected the same on every rank of the process group, "
                         "got %s" % _per_rank(_DTYPES[d] if d != _UNKNOWN else "another dtype"
                                              for d in dtypes))
+
+
+def check_kinds(kinds):
+    """Raise on every rank alike where the ranks' gathers are of different
+    kinds (one rank's forward met another's backward)."""
+    if len(set(kinds)) > 1:
+        names = {FORWARD: "a forward", BACKWARD: "a backward"}
+        raise RuntimeError("SyncBatchNorm: the ranks of the process group are out of step: %s; "
+                           "every rank must run the backward of each synchronized forward, "
+                           "or none of them"
+                           % _per_rank(names.get(k, "another call") for k in kinds))

@@ -8,6 +8,8 @@ The residual add and the activation follow the kernels' normalization as
 torch operations (the split kernels take neither).  With no group (one
 process) the same steps run without the gathers.
 """
+import weakref
+
 import numpy as np
 import torch
 
@@ -16,7 +18,7 @@ from .._split import (_merge, batch_norm_apply, batch_norm_grad_apply,
                       batch_norm_grad_statistics, batch_norm_statistics)
 from . import _bridge, _sync_check
 from ._activation import activate_
-from ._sync_check import PREFIX, gather
+from ._sync_check import BACKWARD, PREFIX, gather
 
 _F64 = np.dtype(np.float64)
 _HALF = (torch.float16, torch.bfloat16)
@@ -55,7 +57,12 @@ def _like_input(y, x):
 def _merged_statistics(x, xa, group, sync):
     """The whole batch's (count, mean, biased-variance numerator m2)."""
     channels = x.shape[1]
-    s = batch_norm_statistics(xa, data_format="NCHW")
+    try:
+        s = batch_norm_statistics(xa, data_format="NCHW")
+    finally:
+        if sync is not None and sync[2] is not None:
+            # a gather is never left in flight, whatever the pass raised
+            sync[2].wait()
     local = np.empty(PREFIX + 1 + 2 * channels, _F64)
     if group is not None:
         row_prefix, names, pending = sync
@@ -130,7 +137,10 @@ class SyncFunction(torch.autograd.Function):
             y += _rows(side_input)
         activate_(y, activation, alpha)
         ctx.save_for_backward(x, weight, bias, side_input)
-        ctx.stats = (mu, var, n, scale, eps, group)
+        # The group weakly: a graph kept past destroy_process_group (an
+        # output held to the end) must not keep the group to interpreter
+        # exit, where gloo's destructors abort the process.
+        ctx.stats = (mu, var, n, scale, eps, None if group is None else weakref.ref(group))
         ctx.activation = (activation, alpha)
         return _like_input(y, x)
 
@@ -139,19 +149,30 @@ class SyncFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, weight, bias, side_input = ctx.saved_tensors
         mu, var, n, scale, eps, group = ctx.stats
+        if group is not None:
+            group = group()
+            if group is None:
+                raise RuntimeError("SyncBatchNorm: the process group of this forward was "
+                                   "destroyed before its backward")
         channels = x.shape[1]
         dz = _pre_activation_grad(ctx, grad_out, x, weight, bias, side_input)
         xa = _bridge.array(_rows(x))
         dyr = _rows(dz)
         dya = _bridge.array(dyr)
         g = batch_norm_grad_statistics(dya, xa, mu, var, epsilon=eps, data_format="NCHW")
-        local = np.concatenate([g.sum_dy, g.sum_dy_xhat])
+        # The forward's row size, tagged as a backward's (cfbn.torch._sync_check)
+        local = np.empty(PREFIX + 1 + 2 * channels, _F64)
+        local[:PREFIX] = _sync_check.prefix(x, channels, False, BACKWARD)
+        local[PREFIX] = n
+        local[PREFIX + 1:PREFIX + 1 + channels] = g.sum_dy
+        local[PREFIX + 1 + channels:] = g.sum_dy_xhat
         # Summed in rank order on every rank, so dx does not depend on a
         # reduction order; weight and bias keep this shard's sums, as
         # nn.SyncBatchNorm's do (DDP averages them afterwards).
         rows = gather(local, group)
-        total = rows[0].copy()
-        for row in rows[1:]:
+        _sync_check.check_kinds(rows[:, 0].astype(int).tolist())
+        total = rows[0, PREFIX + 1:].copy()
+        for row in rows[1:, PREFIX + 1:]:
             total += row
         grad_x = None
         if ctx.needs_input_grad[0]:

@@ -120,20 +120,27 @@ class SyncBatchNorm(_Fused, nn.modules.batchnorm._BatchNorm):
             error = exc
         row_prefix = _sync_check.prefix(input, num_features, error is not None)
         if num_features is not None and _sync_check.agreed(self, group):
-            if error is None and row_prefix[1] == num_features:
+            if error is None and row_prefix[2] == num_features:
                 return row_prefix, names, None
             # The peers gather rows of the agreed size; this rank sends one
             # too, so that they raise with it rather than wait or abort.
             table = _sync_check.stand_in(group, row_prefix, num_features)
             if error is None:
                 _sync_check.check(table, names)
-            raise error
-        pending = _sync_check.start(group, row_prefix, names,
-                                    None if num_features is None else self)
-        if error is not None:
+        else:
+            pending = _sync_check.start(group, row_prefix, names,
+                                        None if num_features is None else self)
+            if error is None:
+                return row_prefix, names, pending
             pending.wait()
+        # Raised with this frame's reference to it dropped: the traceback
+        # holds this frame, and a frame holding its own exception is a cycle
+        # that only the garbage collector frees, at any later time, keeping
+        # the group and the gather's buffers alive past destroy_process_group.
+        try:
             raise error
-        return row_prefix, names, pending
+        finally:
+            error = pending = None
 
     def forward(self, input, side_input=None):
         """Normalize this rank's shard `input` (N, C, ...) of the batch.
