@@ -77,6 +77,8 @@ def _sigmoid(v):
 # name -> (act(v, alpha), act'(v, alpha)), both in float64; the derivatives
 # at the kinks as TensorFlow and PyTorch take them.  Every name of
 # ACTIVATIONS but None has an entry: a name without one raises.
+_MAX = np.finfo(np.float64).max
+
 _FORMULAS = {
     "relu": (lambda v, a: np.where(v < 0, 0.0, v),
              lambda v, a: (v > 0).astype(np.float64)),
@@ -90,8 +92,10 @@ _FORMULAS = {
                 lambda v, a: _sigmoid(v) * (1.0 - _sigmoid(v))),
     "tanh": (lambda v, a: np.tanh(v),
              lambda v, a: 1.0 - np.tanh(v) ** 2),
-    "silu": (lambda v, a: v / (1.0 + np.exp(-v)),
-             lambda v, a: _sigmoid(v) * (1.0 + v * (1.0 - _sigmoid(v)))),
+    # v held to the finite range where it meets an Inf: silu(-Inf) = -0,
+    # silu'(+Inf) = 1 and silu'(-Inf) = 0, the limits (not Inf/Inf, Inf*0)
+    "silu": (lambda v, a: np.maximum(v, -_MAX) / (1.0 + np.exp(-v)),
+             lambda v, a: _sigmoid(v) * (1.0 + np.clip(v, -_MAX, _MAX) * (1.0 - _sigmoid(v)))),
 }
 
 

@@ -33,6 +33,9 @@
 #define CFBN_INLINE static inline
 #define CFBN_NAN_D ((double)NAN)
 #endif
+/* The largest finite float and double, written out: NVRTC has no <float.h>. */
+#define CFBN_FLT_MAX 3.40282347e+38f
+#define CFBN_DBL_MAX 1.7976931348623157e+308
 
 /* ---- per element ---- */
 
@@ -309,7 +312,8 @@ CFBN_INLINE float cfbn_act_f32(int kind, float v, float alpha)
     case CFBN_ACT_ELU: return v < 0.0f ? alpha * expm1f(v) : v;
     case CFBN_ACT_SIGMOID: return 1.0f / (1.0f + expf(-v));
     case CFBN_ACT_TANH: return tanhf(v);
-    case CFBN_ACT_SILU: return v / (1.0f + expf(-v));
+    /* v held above -FLT_MAX: -Inf / Inf would be NaN where the limit is -0 */
+    case CFBN_ACT_SILU: return (v < -CFBN_FLT_MAX ? -CFBN_FLT_MAX : v) / (1.0f + expf(-v));
     }
     return (float)CFBN_NAN_D;   /* a code outside the enum */
 }
@@ -332,8 +336,11 @@ CFBN_INLINE float cfbn_act_grad_f32(int kind, float v, float alpha)
         return 1.0f - t * t;
     }
     case CFBN_ACT_SILU: {
+        /* v held to the finite range: at +-Inf, v (1 - s) is Inf 0, where
+         * silu' tends to 1 and 0 */
         float s = 1.0f / (1.0f + expf(-v));
-        return s * (1.0f + v * (1.0f - s));
+        float w = v < -CFBN_FLT_MAX ? -CFBN_FLT_MAX : (v > CFBN_FLT_MAX ? CFBN_FLT_MAX : v);
+        return s * (1.0f + w * (1.0f - s));
     }
     }
     return (float)CFBN_NAN_D;   /* a code outside the enum */
@@ -349,7 +356,7 @@ CFBN_INLINE double cfbn_act_f64(int kind, double v, double alpha)
     case CFBN_ACT_ELU: return v < 0.0 ? alpha * expm1(v) : v;
     case CFBN_ACT_SIGMOID: return 1.0 / (1.0 + exp(-v));
     case CFBN_ACT_TANH: return tanh(v);
-    case CFBN_ACT_SILU: return v / (1.0 + exp(-v));
+    case CFBN_ACT_SILU: return (v < -CFBN_DBL_MAX ? -CFBN_DBL_MAX : v) / (1.0 + exp(-v));
     }
     return CFBN_NAN_D;   /* a code outside the enum */
 }
@@ -372,7 +379,8 @@ CFBN_INLINE double cfbn_act_grad_f64(int kind, double v, double alpha)
     }
     case CFBN_ACT_SILU: {
         double s = 1.0 / (1.0 + exp(-v));
-        return s * (1.0 + v * (1.0 - s));
+        double w = v < -CFBN_DBL_MAX ? -CFBN_DBL_MAX : (v > CFBN_DBL_MAX ? CFBN_DBL_MAX : v);
+        return s * (1.0 + w * (1.0 - s));
     }
     }
     return CFBN_NAN_D;   /* a code outside the enum */

@@ -87,7 +87,9 @@ INLINE vf act_ps(vf v, int kind, vf al)
     case CFBN_ACT_SIGMOID: return sigmoid_ps(v);
     case CFBN_ACT_TANH: return tanh_ps(v);
     case CFBN_ACT_SILU:
-        return vf_div(v, vf_add(one, exp_ps(vf_sub(zero, v))));
+        /* v held above -FLT_MAX: -Inf / Inf would be NaN where the limit
+         * is -0 (a pre-activation that overflowed float) */
+        return vf_div(vf_max(v, vf_set1(-FLT_MAX)), vf_add(one, exp_ps(vf_sub(zero, v))));
     }
     return vf_set1(NAN);   /* a code outside the enum */
 }
@@ -117,8 +119,10 @@ INLINE vf act_grad_ps(vf v, int kind, vf al)
         return vf_fnma(t, t, one);
     }
     case CFBN_ACT_SILU: {
-        vf s = sigmoid_ps(v);
-        return vf_mul(s, vf_fma(v, vf_sub(one, s), one));
+        /* v held to float's finite range: at +-Inf (a pre-activation that
+         * overflowed float) v (1 - s) is Inf 0, where silu' tends to 1 and 0 */
+        vf s = sigmoid_ps(v), w = vf_min(vf_max(v, vf_set1(-FLT_MAX)), vf_set1(FLT_MAX));
+        return vf_mul(s, vf_fma(w, vf_sub(one, s), one));
     }
     }
     return vf_set1(NAN);   /* a code outside the enum */

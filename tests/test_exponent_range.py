@@ -353,3 +353,53 @@ def test_every_isa_matches_the_reference_across_the_exponent_range(case):
     note(f"channels compared: forward {int(ok.sum())}, gradient {int(fit.sum())} of {len(ok)}")
     grad_everywhere(dy, x, v["scale"], np.where(ok, mu, 0).astype(vdt),
                     np.where(ok, var, 1).astype(vdt), eps, df, channels=fit)
+
+
+# ---- a pre-activation beyond float's range ----
+
+OVERFLOW_ACTIVATIONS = [("relu", None), ("relu6", None), ("leaky_relu", 0.1), ("elu", 0.7),
+                        ("sigmoid", None), ("tanh", None), ("silu", None)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BFLOAT16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("act, alpha", OVERFLOW_ACTIVATIONS, ids=lambda a: str(a))
+def test_fused_pre_activation_that_overflows_float(isa, act, alpha, dtype):
+    """x = +-1e38 with 1 / sqrt(var + eps) > 1: the pre-activation (about
+    +-1e39) is +-Inf in float (docs/numerics.md).  The outputs are the
+    activation's and its derivative's limits there (silu(-Inf) = -0,
+    silu'(+Inf) = 1, silu'(-Inf) = 0, ...), never the NaN of Inf / Inf or
+    Inf * 0: no output is NaN where the float64 reference is not, the sums
+    (whose terms are x - mean, in range) are the reference's, and so are
+    the elements whose pre-activation is in range."""
+    c = 3
+    x = np.tile(np.array([1e38, -1e38, 0.5, -0.3, 0.1, 2.0], np.float32)[:, None], (1, c))
+    x = x.astype(dtype)
+    rng = np.random.default_rng(7)
+    dy = (1.0 + rng.random(x.shape)).astype(dtype)
+    vdt = vector_dtype(dtype)
+    scale = np.array([1.0, -2.0, 0.5], vdt)
+    offset = np.array([0.0, 0.25, -1.0], vdt)
+    mean, var = np.zeros(c, vdt), np.full(c, 0.01, vdt)
+    kw = dict(epsilon=1e-3, data_format="NC", is_training=False, activation=act, alpha=alpha)
+    y = cfbn.fused_batch_norm(x, scale, offset, mean, var, **kw).y
+    g = cfbn.fused_batch_norm_grad(dy, x, scale, mean, var, offset=offset, **kw)
+    with np.errstate(all="ignore"):
+        ry = reference.fused_batch_norm(x, scale, offset, mean, var, **kw).y
+        rg = reference.fused_batch_norm_grad(dy, x, scale, mean, var, offset=offset, **kw)
+    tol = 2e-2 if is_half(dtype) else 1e-4
+    in_range = np.arange(x.shape[0]) >= 2
+    for name, got, ref in [("y", y, ry)] + [(n, getattr(g, n), getattr(rg, n))
+                                            for n in ("x_backprop", "scale_backprop",
+                                                      "offset_backprop")]:
+        g64 = np.asarray(got).astype(np.float64)
+        with np.errstate(over="ignore"):
+            r = np.asarray(ref, np.float64).astype(np.asarray(got).dtype).astype(np.float64)
+        assert not np.isnan(r).any(), f"{name}: the reference itself has a NaN"
+        assert not np.isnan(g64).any(), f"{name}: NaN from an overflowed pre-activation: {g64}"
+        if g64.ndim == 2:          # elementwise: the rows whose pre-activation is in range
+            g64, r = g64[in_range], r[in_range]
+        assert np.array_equal(np.isfinite(g64), np.isfinite(r)), \
+            f"{name}: got {g64}, reference {r}"
+        fin = np.isfinite(r)
+        assert np.all(np.abs(g64[fin] - r[fin]) <= tol * (np.abs(r[fin]) + 1.0)), \
+            f"{name}: got {g64}, reference {r}"

@@ -400,3 +400,37 @@ def test_fused_grad_infinite_x_keeps_sum_of_g(isa, act, data_format, dtype):
                                                                   .take(k, axis=axis))) + 1.0)
                             assert abs(g[k] - r[k]) <= tol, \
                                 f"{name}: {case}: got {g[k]!r}, reference {r[k]!r}"
+
+
+# ---- 16-bit outputs: one ulp of max(1, |v|) ----
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("act", [None, "relu", "silu", "elu", "tanh"])
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+def test_half_outputs_within_one_ulp_of_max_one(isa, dtype, act, training):
+    """docs/numerics.md's bound for float16 and bfloat16 y and x_backprop:
+    within one ulp of max(1, |v|) in their type of the float64 reference's v
+    (relative to |v| alone it fails near zero, where x_backprop cancels)."""
+    bits = 10 if dtype == np.dtype(np.float16) else 7
+    for i, (fmt, shape, loc, std) in enumerate([("NHWC", (8, 7, 7, 33), 3.0, 1.0),
+                                                ("NCHW", (2, 3, 31, 31), 100.0, 10.0),
+                                                ("NC", (64, 5), 0.0, 0.1)]):
+        rng = np.random.default_rng(seed_of("half-ulp", dtype.name, str(act), training, i))
+        c = shape[1] if fmt in ("NCHW", "NC") else shape[-1]
+        x = (rng.standard_normal(shape) * std + loc).astype(dtype)
+        dy = rng.standard_normal(shape).astype(dtype)
+        scale, offset = (rng.standard_normal(c).astype(np.float32) for _ in range(2))
+        mean = (rng.standard_normal(c) * std + loc).astype(np.float32)
+        var = (rng.random(c) * std * std + 0.1).astype(np.float32)
+        kw = dict(epsilon=1e-3, data_format=fmt, is_training=training, activation=act)
+        f = cfbn.fused_batch_norm(x, scale, offset, mean, var, **kw)
+        rf = reference.fused_batch_norm(x, scale, offset, mean, var, **kw)
+        mu, v = (f.reserve_space_1, f.reserve_space_2) if training else (mean, var)
+        g = cfbn.fused_batch_norm_grad(dy, x, scale, mu, v, offset=offset, **kw)
+        rg = reference.fused_batch_norm_grad(dy, x, scale, mu, v, offset=offset, **kw)
+        for name, got, ref in (("y", f.y, rf.y), ("x_backprop", g.x_backprop, rg.x_backprop)):
+            got = np.asarray(got).astype(np.float64)
+            ref = np.asarray(ref, np.float64)
+            ulp = 2.0 ** (np.floor(np.log2(np.maximum(1.0, np.abs(ref)))) - bits)
+            err = np.abs(got - ref) / ulp
+            assert err.max() <= 1.0, f"{name} ({fmt} {shape}): {err.max():.2f} ulps of max(1, |v|)"

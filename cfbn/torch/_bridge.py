@@ -406,7 +406,11 @@ def _tanh_derivatives(z, alpha):
 def _silu_derivatives(z, alpha):
     # silu: z * sigmoid(z)
     sg = torch.sigmoid(z)
-    return sg * (1 + z * (1 - sg)), sg * (1 - sg) * (2 + z * (1 - 2 * sg))
+    # z held to the finite range: at +-Inf the products are Inf 0, where
+    # both derivatives have finite limits (1 and 0, 0 and 0), as cfbn.reference
+    big = torch.finfo(z.dtype).max
+    w = z.clamp(-big, big)
+    return sg * (1 + w * (1 - sg)), sg * (1 - sg) * (2 + w * (1 - 2 * sg))
 
 
 # cfbn's activation name -> (act', act'') of (z, alpha); every name of
