@@ -289,6 +289,9 @@ double factor_of(std::optional<double> momentum, const OptTensor &count)
                         && count->scalar_type() == ScalarType::Long,
                     "cfbn::batch_norm: num_batches_tracked: expected one int64 on the CPU");
     int64_t n = *static_cast<const int64_t *>(count->const_data_ptr());
+    // a negative count would weigh the batch by a negative factor
+    STD_TORCH_CHECK(n >= 0, "cfbn::batch_norm: num_batches_tracked: expected a count >= 0 "
+                            "(momentum None weighs the batch by 1 / num_batches_tracked), got ", n);
     return n == 0 ? 0.0 : 1.0 / (double)n;
 }
 
@@ -459,14 +462,10 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_double_backward(
     Kind kind = g.kind;
     ScalarType vdt = g.vdt;
     OptTensor ggx = like_input(grad_grad_input, x, kind, op, "grad_grad_input");
-    // the upstream gradients of the parameter gradients may have the
-    // parameters' own dtype
-    OptTensor ggs, ggo;
-    if (grad_grad_weight.has_value() && grad_grad_weight->defined())
-        ggs = vector_in(torch::stable::to(*grad_grad_weight, vdt), x, vdt, op,
-                        "grad_grad_weight");
-    if (grad_grad_bias.has_value() && grad_grad_bias->defined())
-        ggo = vector_in(torch::stable::to(*grad_grad_bias, vdt), x, vdt, op, "grad_grad_bias");
+    // the upstream gradients of the parameter gradients take the
+    // parameters' own dtypes (vector_in's rule), never a cast from another
+    OptTensor ggs = vector_in(grad_grad_weight, x, vdt, op, "grad_grad_weight");
+    OptTensor ggo = vector_in(grad_grad_bias, x, vdt, op, "grad_grad_bias");
     Tensor ddy = output(x, kind), dx = output(x, kind), dscale = vector_out(x, vdt);
     if (x.numel() == 0) {
         torch::stable::fill_(dscale, 0.0);

@@ -709,3 +709,22 @@ def test_operators_on_meta_inputs_still_give_meta_outputs():
         kw = {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
         for out in getattr(OPS, op)(**kw):
             assert out.is_meta, op
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64, torch.float64])
+@pytest.mark.parametrize("name", ["grad_grad_weight", "grad_grad_bias"])
+def test_double_backward_refuses_parameter_gradients_of_another_dtype(name, dtype):
+    x = _input((4, 3, 5, 6), None)
+    kw = _operator_args(x)["batch_norm_double_backward"]
+    kw[name] = torch.ones(3, dtype=dtype)
+    with pytest.raises(RuntimeError, match=name):
+        OPS.batch_norm_double_backward(**kw)
+
+
+def test_a_negative_batch_count_is_refused():
+    m = ct.BatchNorm2d(3, momentum=None)
+    m.num_batches_tracked.fill_(-2)   # -1 once this batch is counted
+    before = m.running_mean.clone()
+    with pytest.raises(RuntimeError, match=r"num_batches_tracked: expected a count >= 0 .*got -1"):
+        m(_input((4, 3, 5, 6), None))
+    assert torch.equal(m.running_mean, before)

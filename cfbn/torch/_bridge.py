@@ -369,8 +369,10 @@ def double_backward(grad_out, x, weight, save_mean, save_var, gg_input, gg_weigh
     xdt = x.dtype
     dy = in_layout(grad_out, kind)
     ggx = None if gg_input is None else view(in_layout(gg_input, kind), kind)
-    ggs = None if gg_weight is None else array(gg_weight.to(vdt))
-    ggo = None if gg_bias is None else array(gg_bias.to(vdt))
+    # the parameters' dtypes, as the parameters themselves: never a cast
+    # from another dtype (an int64 or complex tensor is refused, not read)
+    ggs = None if gg_weight is None else vector(gg_weight, vdt, xdt, "grad_grad_weight")
+    ggo = None if gg_bias is None else vector(gg_bias, vdt, xdt, "grad_grad_bias")
     _api.fused_batch_norm_grad_grad(
         view(dy, kind), view(x, kind), _vector_or(weight, vdt, xdt, "weight", channels, 1.0),
         array(save_mean), array(save_var), ggx, ggs, ggo, epsilon=eps,

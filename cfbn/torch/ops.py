@@ -67,9 +67,15 @@ def _name(code, alpha):
 def _factor(momentum, num_batches_tracked):
     if momentum is not None:
         return float(momentum)
-    if num_batches_tracked is None or int(num_batches_tracked) == 0:
+    if num_batches_tracked is None:
         return 0.0
-    return 1.0 / float(num_batches_tracked)
+    n = int(num_batches_tracked)
+    if n < 0:
+        # the C++ operator's check, in its words
+        raise RuntimeError("cfbn::batch_norm: num_batches_tracked: expected a count >= 0 "
+                           "(momentum None weighs the batch by 1 / num_batches_tracked), got %d"
+                           % n)
+    return 0.0 if n == 0 else 1.0 / n
 
 
 def _define_in_python():
