@@ -79,6 +79,13 @@ def contiguous(a):
 
 def tensor(x, name):
     """Validate the main tensor; returns (array, kernel dtype code, vector dtype)."""
+    if not isinstance(x, np.ndarray) and not is_cupy(x) and isinstance(x, (list, tuple, int,
+                                                                           float, complex)):
+        # NumPy would guess the dtype (float64 for floats), and the error
+        # would then name whichever argument kept its own
+        raise TypeError("%s: expected an array (numpy.ndarray), got %s; pass "
+                        "numpy.asarray(%s, dtype=...) with the dtype meant"
+                        % (name, type(x).__name__, name))
     x = as_array(x, name)
     kinds = dtype_kinds(x.dtype, name)
     return contiguous(x), kinds[0], kinds[1]

@@ -612,3 +612,19 @@ def test_omp_num_threads_above_the_cap():
                           timeout=300, env=dict(os.environ, OMP_NUM_THREADS="5000"))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-1] == "1024"
+
+
+@pytest.mark.parametrize("call", ["forward", "grad", "grad_grad", "statistics"])
+def test_a_list_for_x_names_x(call):
+    """A list would become float64 by NumPy's guess, and the error would blame
+    the float32 scale; x names itself instead."""
+    x = np.random.default_rng(0).standard_normal((2, 2, 2, 3)).astype(np.float32)
+    v = np.ones(3, np.float32)
+    calls = {
+        "forward": lambda a: cfbn.fused_batch_norm(a, v, v),
+        "grad": lambda a: cfbn.fused_batch_norm_grad(x, a, v, v, v),
+        "grad_grad": lambda a: cfbn.fused_batch_norm_grad_grad(x, a, v, v, v, x),
+        "statistics": lambda a: cfbn.batch_norm_statistics(a),
+    }
+    with pytest.raises(TypeError, match=r"^x: expected an array \(numpy.ndarray\), got list"):
+        calls[call](x.tolist())
