@@ -19,8 +19,8 @@
 // tensors of the vector dtype (float64 for float64 input, else float32) or
 // of a 16-bit input's own dtype.  The Python layer checks every argument
 // first and raises PyTorch's errors; the checks here keep a direct call of
-// torch.ops.cfbn.* from reading memory it should not.  Outputs come from
-// PyTorch's allocator, in the input's memory format.
+// torch.ops.cfbn.* from reading memory it should not.  Outputs have the input's
+// memory format; large ones come from cfbn's output cache (cached_output).
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -29,6 +29,7 @@
 #include <torch/headeronly/util/Exception.h>
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <new>
@@ -50,6 +51,15 @@
 // are instantiated here, private to the library.
 template std::basic_stringstream<char>::basic_stringstream();
 template std::basic_ostringstream<char>::basic_ostringstream();
+
+// The shim's torch_from_blob (PyTorch 2.11 and later), declared here because
+// the headers show it only to a build that targets 2.11: weak, so that on a
+// 2.10 libtorch it is null and output() takes PyTorch's allocator instead.
+extern "C" __attribute__((weak)) AOTITorchError torch_from_blob(
+    void *data, int64_t ndim, const int64_t *sizes_ptr, const int64_t *strides_ptr,
+    int64_t storage_offset, int32_t dtype, int32_t device_type, int32_t device_index,
+    AtenTensorHandle *ret, int32_t layout, const uint8_t *opaque_metadata,
+    int64_t opaque_metadata_size, void (*deleter)(void *data, void *ctx), void *deleter_ctx);
 
 namespace {
 
@@ -147,6 +157,54 @@ Tensor empty_strided(const std::vector<int64_t> &sizes, const std::vector<int64_
     return torch::stable::detail::to<Tensor>(stack[0]);
 }
 
+// A large output's buffer goes back to cfbn's output cache when its tensor's
+// storage dies (ctx: the buffer's size).
+void release_output(void *data, void *ctx)
+{
+    api->output_free(data, reinterpret_cast<size_t>(ctx));
+}
+
+// A tensor over a buffer of cfbn's output cache (out_cache.h), or an
+// undefined one where the cache does not take the size.  Outputs from
+// PyTorch's allocator are fresh memory on most calls: glibc unmaps or trims
+// a large freed block, and the next one is faulted in and zeroed by the
+// kernel while the kernels write it (a (8,64,56,56) float32 step: about
+// 1,200 faults, a third of its time); the cache hands the last freed buffer
+// of the size back, as it does for the NumPy calls' outputs.  The shim's
+// torch_from_blob with a deleter is PyTorch 2.11's; on 2.10 (the library's
+// floor) it is absent and outputs come from PyTorch's allocator.
+// Cleared by a failed torch_from_blob: each failure builds a c10::Error with
+// its backtrace (symbolizing it took 40% of a (8,64,56,56) step), so one is
+// enough to fall back for good.
+std::atomic<bool> blob_outputs{true};
+
+Tensor cached_output(const std::vector<int64_t> &sizes, const std::vector<int64_t> &strides,
+                     const Tensor &like, size_t nbytes)
+{
+    if (torch_from_blob == nullptr || !like.is_cpu()
+        || !blob_outputs.load(std::memory_order_relaxed))
+        return Tensor();
+    void *p = api->output_alloc(nbytes);
+    if (p == nullptr)
+        return Tensor();
+    namespace d = torch::stable::detail;
+    AtenTensorHandle h = nullptr;
+    AOTITorchError err = torch_from_blob(
+        p, (int64_t)sizes.size(), sizes.data(), strides.data(), 0,
+        d::to<int32_t>(d::from(like.scalar_type())),
+        // device index -1: the CPU device as for_blob infers it from the
+        // pointer (cpu:0 would not match it, an error)
+        d::to<int32_t>(d::from(torch::headeronly::DeviceType::CPU)), -1, &h,
+        d::to<int32_t>(d::from(torch::headeronly::Layout::Strided)), nullptr, 0, release_output,
+        reinterpret_cast<void *>(nbytes));
+    if (err != AOTI_TORCH_SUCCESS) {
+        blob_outputs.store(false, std::memory_order_relaxed);
+        api->output_free(p, nbytes);
+        return Tensor();
+    }
+    return Tensor(h);
+}
+
 // An uninitialized tensor of like's shape and dtype, laid out as `kind`: a
 // tensor of its own, never a view (autograd refuses to let a caller modify a
 // custom function's view output in place, as nn.ReLU(inplace=True) does).
@@ -159,6 +217,13 @@ Tensor output(const Tensor &like, Kind kind)
     for (int64_t i = nd - 1; i >= 0; --i) {
         strides[order[i]] = expected;
         expected *= sizes[order[i]];
+    }
+    size_t nbytes = (size_t)expected * (like.scalar_type() == ScalarType::Double ? 8
+                                        : like.scalar_type() == ScalarType::Float ? 4 : 2);
+    if (expected > 0) {
+        Tensor t = cached_output(sizes, strides, like, nbytes);
+        if (t.defined())
+            return t;
     }
     return empty_strided(sizes, strides, like.scalar_type(), like.device());
 }
