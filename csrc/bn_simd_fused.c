@@ -372,9 +372,9 @@ INLINE void fgstats_flat_ps(const void *dy, const void *x, const void *side, voi
     accf a = accf_zero(), b = accf_zero();
     int64_t i = 0;
     for (; i + 2 * VF_LANES <= n; i += 2 * VF_LANES) {
-        prefetch_ahead_of(x, i, dt);
-        prefetch_ahead_of(dy, i, dt);
-        if (go) prefetch_ahead_of(go, i, dt);
+        prefetch_step_ahead_of(x, i, dt);
+        prefetch_step_ahead_of(dy, i, dt);
+        if (go) prefetch_step_ahead_of(go, i, dt);
         vf x0 = vf_ld(x, i, dt), x1 = vf_ld(x, i + VF_LANES, dt);
         vf s0 = hs ? vf_ld(side, i, dt) : z, s1 = hs ? vf_ld(side, i + VF_LANES, dt) : z;
         vf g0 = fused_g_ps(vf_ld(dy, i, dt), x0, s0, q, kind, hs, al);
@@ -601,10 +601,10 @@ INLINE void fgstats_tree_vec(const void *dy, const void *x, const void *side, vo
     int64_t i = 0;
     for (; i + FTREE_STRETCH <= n; i += FTREE_STRETCH) {
         for (int k = 0; k < TREE_VECS; k++) {
-            prefetch_ahead_of(x, i + 2 * VF_LANES * k, dt);
-            prefetch_ahead_of(dy, i + 2 * VF_LANES * k, dt);
-            if (hs) prefetch_ahead_of(side, i + 2 * VF_LANES * k, dt);
-            if (go) prefetch_ahead_of(go, i + 2 * VF_LANES * k, dt);
+            prefetch_step_ahead_of(x, i + 2 * VF_LANES * k, dt);
+            prefetch_step_ahead_of(dy, i + 2 * VF_LANES * k, dt);
+            if (hs) prefetch_step_ahead_of(side, i + 2 * VF_LANES * k, dt);
+            if (go) prefetch_step_ahead_of(go, i + 2 * VF_LANES * k, dt);
         }
         fgstats_block(&a, dy, x, side, go, i, 2 * VF_LANES, q, kind, hs, al, dt);
         fgstats_block(&b, dy, x, side, go, i + VF_LANES, 2 * VF_LANES, q, kind, hs, al, dt);
