@@ -15,6 +15,23 @@ from _checks import selected  # noqa: E402
 SUPPORTED_ISAS = list(cfbn.runtime_info()["supported_isas"])
 
 
+@pytest.fixture(autouse=True)
+def _cfbn_torch_path(request):
+    """cfbn.torch's modules on cfbn's operators in every test: small inputs
+    would otherwise take PyTorch's own batch norm (cfbn.torch.set_path), and
+    the tests comparing the modules with nn would compare nn with itself.  A
+    test marked torch_path chooses the path itself."""
+    ct = sys.modules.get("cfbn.torch")
+    if ct is None or request.node.get_closest_marker("torch_path"):
+        yield
+        return
+    old = ct.set_path("cfbn")
+    try:
+        yield
+    finally:
+        ct.set_path(old)
+
+
 @pytest.fixture(params=SUPPORTED_ISAS)
 def isa(request):
     """Run the test once per kernel table this CPU can execute."""

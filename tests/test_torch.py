@@ -625,7 +625,7 @@ def test_one_list_of_activations():
     from cfbn.torch import _act_modules, _activation
     names = set(_args.ACTIVATIONS) - {None}
     assert set(_act_modules._TORCH_FORMS) == names
-    assert set(_activation._IN_PLACE) == names
+    assert set(_activation._FORMS) == names
     assert set(_bridge._DERIVATIVES) == names
     z = torch.tensor([-1.0, 0.5])
     with pytest.raises(ValueError):
@@ -728,3 +728,77 @@ def test_a_negative_batch_count_is_refused():
     with pytest.raises(RuntimeError, match=r"num_batches_tracked: expected a count >= 0 .*got -1"):
         m(_input((4, 3, 5, 6), None))
     assert torch.equal(m.running_mean, before)
+
+
+# ---- small calls on PyTorch's own path ----
+
+def _ran_cfbn(module, *args):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        module(*args)
+    return any(e.name == "cfbn::batch_norm" for e in prof.events())
+
+
+@pytest.mark.torch_path
+def test_the_path_follows_the_measured_crossover():
+    from cfbn.torch import _paths
+    assert ct.get_path() == "auto"
+    m = ct.BatchNorm2d(16)
+    for layout, channels_last in ((None, False), (torch.channels_last, True)):
+        cross = _paths.CROSSOVER[(channels_last, torch.float32)]
+        small = _input((2, 16, 4, 4), layout)
+        side = cross // 16 // 16          # large: at least the crossover
+        large = _input((16, 16, side, 1), layout) if layout is None else \
+            _input((16, 16, side // 2 + 1, 2), layout)
+        assert small.numel() < cross <= large.numel()
+        assert not _ran_cfbn(m, small)
+        assert _ran_cfbn(m, large)
+    old = ct.set_path("cfbn")
+    try:
+        assert _ran_cfbn(m, _input((2, 16, 4, 4), None))
+        ct.set_path("native")
+        assert not _ran_cfbn(m, _input((64, 16, 32, 32), None))
+    finally:
+        ct.set_path(old)
+    with pytest.raises(ValueError, match=r"path: expected one of 'auto', 'cfbn', 'native'"):
+        ct.set_path("fast")
+
+
+@pytest.mark.torch_path
+@pytest.mark.parametrize("activation", [None, "relu", "relu6", ("leaky_relu", 0.2), ("elu", 0.7),
+                                        ("leaky_relu", -0.2),
+                                        "sigmoid", "tanh", "silu"], ids=str)
+@pytest.mark.parametrize("options", ["default", "cumulative", "untracked", "no-affine"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_native_path_is_nn_with_the_activation(activation, options, dtype):
+    """The native path is nn's batch norm, the add and the activation: the same
+    outputs, gradients and running statistics as those modules in a row."""
+    name, alpha = activation if isinstance(activation, tuple) else (activation, None)
+    acts = {None: nn.Identity(), "relu": nn.ReLU(), "relu6": nn.ReLU6(),
+            "leaky_relu": nn.LeakyReLU(alpha or 0.01), "elu": nn.ELU(alpha or 1.0),
+            "sigmoid": nn.Sigmoid(), "tanh": nn.Tanh(), "silu": nn.SiLU()}
+    pdt = torch.float32 if dtype is torch.bfloat16 else dtype
+    ours = ct.BatchNorm2d(3, activation=name, alpha=alpha, dtype=pdt, **OPTIONS[options])
+    ref = nn.BatchNorm2d(3, dtype=pdt, **OPTIONS[options])
+    ref.load_state_dict(ours.state_dict())
+    old = ct.set_path("native")
+    try:
+        for step, training in enumerate((True, True, False)):
+            ours.train(training)
+            ref.train(training)
+            x = _input((4, 3, 5, 6), None, dtype, seed=step).requires_grad_()
+            xr = x.detach().clone().requires_grad_()
+            s = _input((4, 3, 5, 6), None, dtype, seed=10 + step)
+            y = ours(x, s)
+            yr = acts[name](ref(xr) + s)
+            torch.testing.assert_close(y, yr, rtol=0, atol=0)
+            g = _input((4, 3, 5, 6), None, dtype, seed=20 + step)
+            y.backward(g)
+            yr.backward(g)
+            torch.testing.assert_close(x.grad, xr.grad, rtol=0, atol=0)
+            for b in ("running_mean", "running_var", "num_batches_tracked"):
+                if getattr(ref, b) is not None:
+                    torch.testing.assert_close(getattr(ours, b), getattr(ref, b), rtol=0, atol=0)
+        with pytest.raises(ValueError, match="side_input: expected the input's shape"):
+            ours(x, s[:, :, :1, :1])     # torch's add would broadcast it
+    finally:
+        ct.set_path(old)

@@ -221,6 +221,9 @@ def _teardown_worker(rank, world):
 
 
 def _worker(rank, world, store, mode, sizes=None):
+    # the single-process references on cfbn's operators, as in the tests'
+    # own process (conftest.py), not PyTorch's path for small inputs
+    ct.set_path("cfbn")
     _ranks.init(rank, world, store)
     if mode == "teardown":
         _teardown_worker(rank, world)

@@ -15,6 +15,9 @@ which every call below goes through.
   with these, in place (optionally fusing the activation after them);
   `register_block` declares a block class it fuses, `residual` is the
   fused residual add such a block calls.
+- `set_path`, `get_path`: whether the modules' small eager calls take
+  PyTorch's native batch norm (the default below a measured size) or
+  cfbn's operators.
 
 CPU tensors of float32, float64, float16 and bfloat16, contiguous or
 channels-last, with no copies; differentiable twice; ``torch.jit.trace``,
@@ -31,6 +34,7 @@ from .modules import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from .sync import SyncBatchNorm
 from .convert import convert
 from .blocks import register_block, residual
+from ._paths import get_path, set_path
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "batch_norm",
-           "convert", "ops", "register_block", "residual"]
+           "convert", "get_path", "ops", "register_block", "residual", "set_path"]

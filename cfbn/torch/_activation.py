@@ -31,18 +31,29 @@ def activate_(z, activation, alpha):
     if activation is None:
         return z
     _, a = _args.activation(activation, alpha)
-    return _IN_PLACE[activation](z, a)
+    return _FORMS[activation][0](z, a)
 
 
-# cfbn's activation name -> its in-place torch form (z, alpha); every name
-# of cfbn._args.ACTIVATIONS but None has one
-_IN_PLACE = {
-    "relu": lambda z, a: torch.relu_(z),
-    # clamp keeps NaN, as relu6(NaN) is NaN in the reference
-    "relu6": lambda z, a: z.clamp_(0.0, 6.0),
-    "leaky_relu": lambda z, a: F.leaky_relu_(z, a),
-    "elu": lambda z, a: F.elu_(z, a),
-    "sigmoid": lambda z, a: z.sigmoid_(),
-    "tanh": lambda z, a: z.tanh_(),
-    "silu": lambda z, a: F.silu(z, inplace=True),
+def activate(z, activation, alpha):
+    """act(z) as a new tensor, with PyTorch's own autograd formulas (those of
+    nn.ReLU, nn.ReLU6, ...): the in-place forms differentiate through their
+    result, which a negative leaky_relu or elu alpha cannot."""
+    if activation is None:
+        return z
+    _, a = _args.activation(activation, alpha)
+    return _FORMS[activation][1](z, a)
+
+
+# cfbn's activation name -> its torch forms (z, alpha), in place and not;
+# every name of cfbn._args.ACTIVATIONS but None has them
+_FORMS = {
+    "relu": (lambda z, a: torch.relu_(z), lambda z, a: F.relu(z)),
+    # hardtanh, nn.ReLU6's own form: NaN stays NaN, as relu6(NaN) is NaN in
+    # the reference, and its derivative at 0 and 6 is 0 (clamp's is 1)
+    "relu6": (lambda z, a: F.hardtanh_(z, 0.0, 6.0), lambda z, a: F.hardtanh(z, 0.0, 6.0)),
+    "leaky_relu": (lambda z, a: F.leaky_relu_(z, a), lambda z, a: F.leaky_relu(z, a)),
+    "elu": (lambda z, a: F.elu_(z, a), lambda z, a: F.elu(z, a)),
+    "sigmoid": (lambda z, a: z.sigmoid_(), lambda z, a: torch.sigmoid(z)),
+    "tanh": (lambda z, a: z.tanh_(), lambda z, a: torch.tanh(z)),
+    "silu": (lambda z, a: F.silu(z, inplace=True), lambda z, a: F.silu(z)),
 }

@@ -124,10 +124,15 @@ class _Eager(torch.autograd.Function):
         ctx.stats = (save_mean, save_var)
         ctx.options = (training, eps, act, alpha)
         ctx.mark_non_differentiable(new_mean, new_var)
+        # The running statistics' gradients are never read: without this,
+        # autograd makes a zero tensor for each on every backward.
+        ctx.set_materialize_grads(False)
         return y, new_mean, new_var
 
     @staticmethod
     def backward(ctx, grad_out, _new_mean, _new_var):
+        if grad_out is None:
+            return None, None, None, None, None
         x, weight, bias, side_input = ctx.saved_tensors
         args = (grad_out, x, weight, bias) + ctx.stats + ctx.options + (side_input,)
         if torch.is_grad_enabled():

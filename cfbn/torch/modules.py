@@ -2,14 +2,15 @@
 
 Each is a subclass of its torch.nn namesake: the same constructor,
 parameters, buffers, state_dict (loadable both ways), train()/eval() and
-input checks, with the forward computed by cfbn.torch.batch_norm.  Two
+input checks, with the forward computed by cfbn.torch.batch_norm (or, for an eager call
+below the measured crossover, by PyTorch's own batch norm: cfbn.torch._paths).  Two
 additions: ``activation=`` (with ``alpha=``) fuses an activation, and
 ``forward(input, side_input=None)`` a residual add before it.
 """
 import torch
 import torch.nn as nn
 
-from . import _bridge, functional
+from . import _bridge, _paths, functional
 
 
 class _Fused:
@@ -73,6 +74,12 @@ class _Fused:
                 running_mean = running_var = None
         else:
             bn_training = running_mean is None and running_var is None
+        if _paths.native(input):
+            if count is not None:
+                factor = 1.0 / float(count)   # nn's cumulative average, as nn computes it
+            return _paths.batch_norm(input, running_mean, running_var, self.weight, self.bias,
+                                     bn_training, factor, self.eps, self.activation, self.alpha,
+                                     side_input)
         return functional.batch_norm(
             input, running_mean, running_var, self.weight, self.bias, bn_training, factor,
             self.eps, activation=self.activation, alpha=self.alpha, side_input=side_input,

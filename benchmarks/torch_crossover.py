@@ -1,0 +1,86 @@
+"""The size from which cfbn.torch's path beats PyTorch's own batch norm in a module.
+
+cfbn.torch.BatchNorm2d forward + backward, training, with ``set_path("cfbn")``
+against ``set_path("native")`` (PyTorch's batch norm, add and activation),
+interleaved in one process on the same tensors, for inputs (N, C, H, W) from
+(1, 16, 4, 4) to (8, 64, 32, 32), contiguous and channels_last, float32, one
+and two threads.  Printed: each size's native / cfbn time ratio (above 1:
+cfbn's path is faster), and per memory format the smallest size from which
+cfbn's path is faster at every larger size and both thread counts, the
+figure cfbn.torch._paths.CROSSOVER holds.
+
+    python benchmarks/torch_crossover.py [--rounds 15] [--activation relu]
+"""
+import argparse
+import sys
+import time
+
+import torch
+
+import cfbn.torch as ct
+
+SHAPES = [(1, 16, 4, 4), (2, 16, 8, 8), (8, 16, 8, 8), (4, 32, 8, 8), (8, 32, 8, 8),
+          (8, 16, 16, 16), (4, 64, 8, 8), (8, 64, 8, 8), (8, 32, 16, 16), (8, 64, 16, 16),
+          (8, 32, 32, 32), (8, 64, 32, 32)]
+
+
+def step_time(module, x, dy, path, calls):
+    ct.set_path(path)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        x.grad = None
+        module(x).backward(dy)
+    return (time.perf_counter() - t0) / calls
+
+
+def ratios(shape, fmt, threads, rounds, activation):
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=gen).contiguous(memory_format=fmt).requires_grad_()
+    dy = torch.randn(shape, generator=gen).contiguous(memory_format=fmt)
+    m = ct.BatchNorm2d(shape[1], activation=activation)
+    calls = max(3, int(2e5 / x.numel()))
+    got = []
+    for r in range(rounds):
+        order = ("cfbn", "native") if r % 2 else ("native", "cfbn")
+        t = {p: step_time(m, x, dy, p, calls) for p in order}
+        got.append(t["native"] / t["cfbn"])
+    got.sort()
+    return got[len(got) // 2]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--activation", default=None)
+    args = ap.parse_args(argv)
+    old = ct.get_path()
+    print("native / cfbn time, module forward + backward, float32, median of %d rounds; "
+          "torch %s" % (args.rounds, torch.__version__))
+    print("| shape | elements | format | 1 thread | 2 threads |\n|---|--:|---|--:|--:|")
+    try:
+        for name, fmt in (("contiguous", torch.contiguous_format),
+                          ("channels_last", torch.channels_last)):
+            rows = []
+            for shape in SHAPES:
+                r = [ratios(shape, fmt, t, args.rounds, args.activation) for t in (1, 2)]
+                n = 1
+                for s in shape:
+                    n *= s
+                rows.append((n, r))
+                print("| %s | %d | %s | %.2f | %.2f |" % ("x".join(map(str, shape)), n, name,
+                                                          r[0], r[1]))
+                sys.stdout.flush()
+            cross = None
+            for n, r in reversed(rows):
+                if min(r) < 1.0:
+                    break
+                cross = n
+            print("crossover, %s: %s" % (name, cross if cross is not None else "none measured"))
+    finally:
+        ct.set_path(old)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
