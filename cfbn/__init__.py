@@ -7,7 +7,7 @@ from ._version import __version__
 from ._api import (BatchNormGrad, BatchNormGradGrad, BatchNormGradSide, BatchNormOutput,
                    fused_batch_norm, fused_batch_norm_grad, fused_batch_norm_grad_grad,
                    output_cache_info, release_output_cache, runtime_info,
-                   set_output_cache_limit)
+                   set_output_cache_limit, set_verbose)
 from .fold import fold_batch_norm
 from .layer import BatchNorm
 from ._split import (BatchNormGradStatistics, BatchNormStatistics, batch_norm_apply,
@@ -20,7 +20,7 @@ __all__ = ["BatchNormGrad", "BatchNormGradGrad", "BatchNormGradSide", "BatchNorm
            "BatchNormGradStatistics", "BatchNormStatistics", "batch_norm_apply",
            "batch_norm_grad_apply", "batch_norm_grad_statistics", "batch_norm_statistics",
            "merge_statistics", "merge_statistics_many",
-           "output_cache_info", "release_output_cache", "set_output_cache_limit"]
+           "output_cache_info", "release_output_cache", "set_output_cache_limit", "set_verbose"]
 
 
 def __getattr__(name):

@@ -324,7 +324,8 @@ def runtime_info():
         ``forked_child`` (True in the child of a ``fork()``, where every call
         runs on one thread), ``output_cache_limit`` and ``l2_cache_bytes`` (one
         core's L2 cache as the OS reports it, 0 if it does not; the router
-        chooses how channels-first gradients walk memory by it).
+        chooses how channels-first gradients walk memory by it), ``verbose``
+        (whether the route trace is on: `set_verbose`).
     """
     return {
         "version": __version__,
@@ -336,7 +337,38 @@ def runtime_info():
         "forked_child": _kernels.forked_child(),
         "output_cache_limit": _kernels.output_cache_stats()["limit"],
         "l2_cache_bytes": _kernels.l2_cache_bytes(),
+        "verbose": _kernels.trace_enabled(),
     }
+
+
+def set_verbose(on):
+    """Trace every kernel call: one line on stderr per call, after it.
+
+    The line is ``cfbn-trace`` followed by ``key=value`` fields: ``op``
+    (forward_training, forward_inference, backward_training,
+    backward_inference, backward_backward, statistics, apply,
+    grad_statistics, grad_apply), ``dtype``, ``layout`` (channels_first or
+    channels_last), the shape as the kernels see it (``outer``, ``channels``,
+    ``inner``), ``act`` and ``side`` (the fused activation and whether a side
+    input is added), ``table`` (the ISA table that ran), ``family`` (plain,
+    plain_16bit, relu_family, exp_family, second_order), ``strategy`` (how
+    the plan walks the tensor: rows, planes, pieces, channels or
+    per_channel), ``threads``, ``us`` (the call's time) and ``rc`` (0, or
+    the C driver's error code).  ``CFBN_VERBOSE=1`` turns it on at import.
+    It traces every entrance's calls (NumPy, the split functions,
+    cfbn.torch's operators); CuPy calls run no driver and print nothing.
+
+    Parameters
+    ----------
+    on : bool
+        Whether to trace.
+
+    Returns
+    -------
+    bool
+        Whether the trace was on before.
+    """
+    return _kernels.set_trace(bool(on))
 
 
 def output_cache_info():

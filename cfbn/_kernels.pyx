@@ -88,6 +88,8 @@ cdef extern from "cfbn.h":
     int cfbn_openmp_max_threads()
     int cfbn_threads_init()
     int cfbn_forked_child()
+    void cfbn_set_trace(int on)
+    int cfbn_trace_enabled()
 
 cdef extern from "bn_route.h":
     void cfbn_route_set_l2_bytes(int64_t l2)
@@ -473,6 +475,29 @@ def _select_at_import():
 
 
 _select_at_import()
+
+
+def set_trace(on):
+    """Turn the route trace (one line per driver call on stderr) on or off;
+    returns whether it was on."""
+    was = bool(cfbn_trace_enabled())
+    cfbn_set_trace(1 if on else 0)
+    return was
+
+
+def trace_enabled():
+    """Whether the route trace is on."""
+    return bool(cfbn_trace_enabled())
+
+
+def _trace_at_import():
+    text = os.environ.get("CFBN_VERBOSE", "")
+    if text not in ("", "0", "1"):
+        raise ValueError("CFBN_VERBOSE=%r: expected 1 (trace every call) or 0" % text)
+    set_trace(text == "1")
+
+
+_trace_at_import()
 
 
 # ---- outputs: large ones through the output cache (out_cache.h) ----

@@ -9,13 +9,16 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cfbn.h"
 #include "storage.h"
 #include "bn_route.h"
 #include "bn_math.h"
+#include "bn_act.h"
 #include "scratch.h"
 
 #ifdef _OPENMP
@@ -168,6 +171,67 @@ static int64_t gcd64(int64_t a, int64_t b)
     return a;
 }
 
+/* ---- the route trace (CFBN_VERBOSE, cfbn.set_verbose) ----
+ * One line per call of the entries below, on stderr, after the call: what
+ * was asked, the table and loop family that ran it, the plan's strategy
+ * for channels-first tensors (whole planes in memory order, pieces of
+ * channels, a task per channel or one pass per channel) or channels-last
+ * rows, the threads and the time.  Off, it costs each call one load. */
+static int trace_on;
+/* the strategy the plan of this thread's present call chose */
+static _Thread_local const char *trace_strategy;
+
+void cfbn_set_trace(int on)
+{
+    trace_on = on != 0;
+}
+
+int cfbn_trace_enabled(void)
+{
+    return trace_on;
+}
+
+static double trace_now(void)
+{
+    struct timespec t;
+    timespec_get(&t, TIME_UTC);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static const char *trace_family(int second_order, int dtype, int act)
+{
+    if (second_order) return "second_order";
+    if (act == CFBN_ACT_NONE) return dtype == CFBN_F16 || dtype == CFBN_BF16 ? "plain_16bit" : "plain";
+    return cfbn_act_grad_is_compare(act) ? "relu_family" : "exp_family";
+}
+
+static void trace_line(const char *op, const cfbn_kernels *k, const cfbn_shape *s, const cfbn_fusion *f,
+                       double t0, int rc)
+{
+    static const char *const dtypes[] = {"float32", "float64", "float16", "bfloat16"};
+    const int act = f ? f->act : CFBN_ACT_NONE;
+    const int dt = s->dtype >= 0 && s->dtype < 4 ? s->dtype : 0;
+    const char *name = cfbn_act_name(act);
+    fprintf(stderr,
+            "cfbn-trace op=%s dtype=%s layout=%s outer=%lld channels=%lld inner=%lld act=%s side=%d "
+            "table=%s family=%s strategy=%s threads=%d us=%.1f rc=%d\n",
+            op, dtypes[dt], s->layout == CFBN_CHANNELS_FIRST ? "channels_first" : "channels_last",
+            (long long)s->outer, (long long)s->channels, (long long)s->inner, name ? name : "none",
+            f && f->side != NULL, k->name, trace_family(!strcmp(op, "backward_backward"), s->dtype, act),
+            trace_strategy ? trace_strategy : "none", thread_count(s), 1e6 * (trace_now() - t0), rc);
+}
+
+/* rc = the call; traced when the trace is on */
+#define TRACED(op, f, call)                       \
+    do {                                          \
+        if (!trace_on) return call;               \
+        trace_strategy = NULL;                    \
+        double t0_ = trace_now();                 \
+        int rc_ = call;                           \
+        trace_line(op, k, s, f, t0_, rc_);        \
+        return rc_;                               \
+    } while (0)
+
 static void make_plan(const cfbn_kernels *k, const cfbn_shape *s, plan *p)
 {
     memset(p, 0, sizeof *p);
@@ -183,6 +247,7 @@ static void make_plan(const cfbn_kernels *k, const cfbn_shape *s, plan *p)
         if (g > gmax) g = gmax;
         p->G = g < 1 ? 1 : g;
         p->planes = cfbn_route_plane_order(p->S, p->N * p->C);
+        trace_strategy = p->planes ? "planes" : p->G > 1 ? "pieces" : "channels";
         return;
     }
     /* Channels-last: widen the row to a multiple of the table's lanes where
@@ -204,6 +269,7 @@ static void make_plan(const cfbn_kernels *k, const cfbn_shape *s, plan *p)
     if (p->rows > pr * max_pieces) pr = (p->rows + max_pieces - 1) / max_pieces;
     p->piece_rows = pr;
     p->pieces = (p->rows + pr - 1) / pr;
+    trace_strategy = "rows";
 }
 
 /* Whether a channels-first training pass that reads `tensors` tensors goes
@@ -213,7 +279,9 @@ static int per_channel(const plan *p, int tensors, int side)
     if (p->layout != CFBN_CHANNELS_FIRST) return 0;
     int64_t slice = p->n * (int64_t)cfbn_storage_size(p->dtype) * tensors;
     /* the forward reads one tensor, the gradients two or three */
-    return cfbn_route_per_channel(p->G, p->planes, slice, p->C, side, tensors > 1);
+    int by_channel = cfbn_route_per_channel(p->G, p->planes, slice, p->C, side, tensors > 1);
+    if (by_channel) trace_strategy = "per_channel";
+    return by_channel;
 }
 
 /* Channels-first: the piece g of channel c covers the channel's elements
@@ -931,12 +999,12 @@ static void fused_forward_task(void *ctx, int64_t c)
     first_piece(f->apply, f->shift, c, 0, acc);
 }
 
-int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
-                          const void *x, const void *scale, const void *offset,
-                          const void *mean, const void *variance,
-                          double epsilon, double factor,
-                          void *y, void *batch_mean, void *batch_variance,
-                          void *saved_mean, void *saved_variance, const cfbn_fusion *fusion)
+static int run_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
+                                const void *x, const void *scale, const void *offset,
+                                const void *mean, const void *variance,
+                                double epsilon, double factor,
+                                void *y, void *batch_mean, void *batch_variance,
+                                void *saved_mean, void *saved_variance, const cfbn_fusion *fusion)
 {
     plan p;
     make_plan(k, s, &p);
@@ -1000,11 +1068,11 @@ static int apply_with_stats(const cfbn_kernels *k, const cfbn_shape *s, const vo
     return rc;
 }
 
-int cfbn_forward_inference(const cfbn_kernels *k, const cfbn_shape *s,
-                           const void *x, const void *scale, const void *offset,
-                           const void *mean, const void *variance, double epsilon,
-                           void *y, void *batch_mean, void *batch_variance,
-                           void *saved_mean, void *saved_variance, const cfbn_fusion *fusion)
+static int run_forward_inference(const cfbn_kernels *k, const cfbn_shape *s,
+                                 const void *x, const void *scale, const void *offset,
+                                 const void *mean, const void *variance, double epsilon,
+                                 void *y, void *batch_mean, void *batch_variance,
+                                 void *saved_mean, void *saved_variance, const cfbn_fusion *fusion)
 {
     int dt = s->dtype;
     int rc = apply_with_stats(k, s, x, scale, offset, mean, variance, dt, epsilon, y, fusion);
@@ -1023,7 +1091,7 @@ int cfbn_forward_inference(const cfbn_kernels *k, const cfbn_shape *s,
     return rc;
 }
 
-int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x, double *mean, double *m2)
+static int run_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x, double *mean, double *m2)
 {
     plan p;
     make_plan(k, s, &p);
@@ -1058,8 +1126,8 @@ void cfbn_train_statistics(int64_t channels, int64_t count, const double *mean, 
     }
 }
 
-int cfbn_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *x, const void *scale,
-               const void *offset, const double *mean, const double *variance, double epsilon, void *y)
+static int run_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *x, const void *scale,
+                     const void *offset, const double *mean, const double *variance, double epsilon, void *y)
 {
     return apply_with_stats(k, s, x, scale, offset, mean, variance, CFBN_F64, epsilon, y, NULL);
 }
@@ -1201,27 +1269,27 @@ done:
     return rc;
 }
 
-int cfbn_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
-                  const void *dy, const void *x, const void *scale,
-                  const void *saved_mean, const void *saved_variance, double epsilon,
-                  void *dx, void *scale_backprop, void *offset_backprop, const cfbn_fusion *fusion)
+static int run_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
+                        const void *dy, const void *x, const void *scale,
+                        const void *saved_mean, const void *saved_variance, double epsilon,
+                        void *dx, void *scale_backprop, void *offset_backprop, const cfbn_fusion *fusion)
 {
     bwd_args a = { training, scale, saved_mean, saved_variance, s->dtype, epsilon,
                    scale_backprop, offset_backprop };
     return backward_run(k, s, &a, dy, x, dx, fusion);
 }
 
-int cfbn_grad_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, const void *x,
-                         const double *mean, const double *variance, double epsilon,
-                         double *sum_dy, double *sum_dy_xhat)
+static int run_grad_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, const void *x,
+                               const double *mean, const double *variance, double epsilon,
+                               double *sum_dy, double *sum_dy_xhat)
 {
     bwd_args a = { 1, NULL, mean, variance, CFBN_F64, epsilon, sum_dy_xhat, sum_dy };
     return backward_run(k, s, &a, dy, x, NULL, NULL);
 }
 
-int cfbn_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, const void *x,
-                    const void *scale, const double *mean, const double *variance, double epsilon,
-                    const double *sum_dy, const double *sum_dy_xhat, double count, void *dx)
+static int run_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, const void *x,
+                          const void *scale, const double *mean, const double *variance, double epsilon,
+                          const double *sum_dy, const double *sum_dy_xhat, double count, void *dx)
 {
     plan p;
     make_plan(k, s, &p);
@@ -1351,11 +1419,11 @@ done:
     return rc;
 }
 
-int cfbn_backward_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
-                           const void *dy, const void *x, const void *scale,
-                           const void *saved_mean, const void *saved_variance, double epsilon,
-                           const void *ggx, const void *ggscale, const void *ggoffset,
-                           void *ddy, void *dx, void *scale_backprop)
+static int run_backward_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
+                                 const void *dy, const void *x, const void *scale,
+                                 const void *saved_mean, const void *saved_variance, double epsilon,
+                                 const void *ggx, const void *ggscale, const void *ggoffset,
+                                 void *ddy, void *dx, void *scale_backprop)
 {
     plan p;
     make_plan(k, s, &p);
@@ -1392,6 +1460,79 @@ done:
     cfbn_scratch_free(sums);
     params_free(&pp);
     return rc;
+}
+
+/* ---- the entries (cfbn.h): each one call of its run_, traced ---- */
+
+int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
+                          const void *x, const void *scale, const void *offset,
+                          const void *mean, const void *variance,
+                          double epsilon, double factor,
+                          void *y, void *batch_mean, void *batch_variance,
+                          void *saved_mean, void *saved_variance, const cfbn_fusion *fusion)
+{
+    TRACED("forward_training", fusion,
+           run_forward_training(k, s, x, scale, offset, mean, variance, epsilon, factor, y, batch_mean,
+                                batch_variance, saved_mean, saved_variance, fusion));
+}
+
+int cfbn_forward_inference(const cfbn_kernels *k, const cfbn_shape *s,
+                           const void *x, const void *scale, const void *offset,
+                           const void *mean, const void *variance, double epsilon,
+                           void *y, void *batch_mean, void *batch_variance,
+                           void *saved_mean, void *saved_variance, const cfbn_fusion *fusion)
+{
+    TRACED("forward_inference", fusion,
+           run_forward_inference(k, s, x, scale, offset, mean, variance, epsilon, y, batch_mean,
+                                 batch_variance, saved_mean, saved_variance, fusion));
+}
+
+int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x, double *mean, double *m2)
+{
+    TRACED("statistics", NULL, run_statistics(k, s, x, mean, m2));
+}
+
+int cfbn_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *x, const void *scale,
+               const void *offset, const double *mean, const double *variance, double epsilon, void *y)
+{
+    TRACED("apply", NULL, run_apply(k, s, x, scale, offset, mean, variance, epsilon, y));
+}
+
+int cfbn_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
+                  const void *dy, const void *x, const void *scale,
+                  const void *saved_mean, const void *saved_variance, double epsilon,
+                  void *dx, void *scale_backprop, void *offset_backprop, const cfbn_fusion *fusion)
+{
+    TRACED(training ? "backward_training" : "backward_inference", fusion,
+           run_backward(k, s, training, dy, x, scale, saved_mean, saved_variance, epsilon, dx,
+                        scale_backprop, offset_backprop, fusion));
+}
+
+int cfbn_grad_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, const void *x,
+                         const double *mean, const double *variance, double epsilon,
+                         double *sum_dy, double *sum_dy_xhat)
+{
+    TRACED("grad_statistics", NULL,
+           run_grad_statistics(k, s, dy, x, mean, variance, epsilon, sum_dy, sum_dy_xhat));
+}
+
+int cfbn_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, const void *x,
+                    const void *scale, const double *mean, const double *variance, double epsilon,
+                    const double *sum_dy, const double *sum_dy_xhat, double count, void *dx)
+{
+    TRACED("grad_apply", NULL,
+           run_grad_apply(k, s, dy, x, scale, mean, variance, epsilon, sum_dy, sum_dy_xhat, count, dx));
+}
+
+int cfbn_backward_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
+                           const void *dy, const void *x, const void *scale,
+                           const void *saved_mean, const void *saved_variance, double epsilon,
+                           const void *ggx, const void *ggscale, const void *ggoffset,
+                           void *ddy, void *dx, void *scale_backprop)
+{
+    TRACED("backward_backward", NULL,
+           run_backward_backward(k, s, training, dy, x, scale, saved_mean, saved_variance, epsilon, ggx,
+                                 ggscale, ggoffset, ddy, dx, scale_backprop));
 }
 
 int cfbn_openmp_enabled(void)

@@ -450,6 +450,10 @@ const void *cfbn_c_api_get(void);
 int cfbn_openmp_enabled(void);
 int cfbn_openmp_max_threads(void);
 int cfbn_threads_init(void);
+/* The route trace: one line per driver call on stderr while on (bn_driver.c
+ * says what it holds).  Set before calls, from one thread. */
+void cfbn_set_trace(int on);
+int cfbn_trace_enabled(void);
 int cfbn_forked_child(void);
 
 /* Another thread pool for the calls of this thread (the C API's clients:
