@@ -164,6 +164,11 @@ void release_output(void *data, void *ctx)
     api->output_free(data, reinterpret_cast<size_t>(ctx));
 }
 
+// Cleared by a failed torch_from_blob: each failure builds a c10::Error with
+// its backtrace (symbolizing it took 40% of a (8,64,56,56) step), so one is
+// enough to fall back for good.
+std::atomic<bool> blob_outputs{true};
+
 // A tensor over a buffer of cfbn's output cache (out_cache.h), or an
 // undefined one where the cache does not take the size.  Outputs from
 // PyTorch's allocator are fresh memory on most calls: glibc unmaps or trims
@@ -173,11 +178,6 @@ void release_output(void *data, void *ctx)
 // of the size back, as it does for the NumPy calls' outputs.  The shim's
 // torch_from_blob with a deleter is PyTorch 2.11's; on 2.10 (the library's
 // floor) it is absent and outputs come from PyTorch's allocator.
-// Cleared by a failed torch_from_blob: each failure builds a c10::Error with
-// its backtrace (symbolizing it took 40% of a (8,64,56,56) step), so one is
-// enough to fall back for good.
-std::atomic<bool> blob_outputs{true};
-
 Tensor cached_output(const std::vector<int64_t> &sizes, const std::vector<int64_t> &strides,
                      const Tensor &like, size_t nbytes)
 {
