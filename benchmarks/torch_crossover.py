@@ -3,13 +3,14 @@
 cfbn.torch.BatchNorm2d forward + backward, training, with ``set_path("cfbn")``
 against ``set_path("native")`` (PyTorch's batch norm, add and activation),
 interleaved in one process on the same tensors, for inputs (N, C, H, W) from
-(1, 16, 4, 4) to (8, 64, 32, 32), contiguous and channels_last, float32, one
-and two threads.  Printed: each size's native / cfbn time ratio (above 1:
+(1, 16, 4, 4) to (8, 64, 64, 64), contiguous and channels_last, float32, one
+and two threads (``--dtype`` for another input dtype; 16-bit inputs take
+float32 parameters, as under autocast).  Printed: each size's native / cfbn time ratio (above 1:
 cfbn's path is faster), and per memory format the smallest size from which
 cfbn's path is faster at every larger size and both thread counts, the
 figure cfbn.torch._paths.CROSSOVER holds.
 
-    python benchmarks/torch_crossover.py [--rounds 15] [--activation relu]
+    python benchmarks/torch_crossover.py [--rounds 15] [--activation relu] [--dtype float64]
 """
 import argparse
 import sys
@@ -21,7 +22,7 @@ import cfbn.torch as ct
 
 SHAPES = [(1, 16, 4, 4), (2, 16, 8, 8), (8, 16, 8, 8), (4, 32, 8, 8), (8, 32, 8, 8),
           (8, 16, 16, 16), (4, 64, 8, 8), (8, 64, 8, 8), (8, 32, 16, 16), (8, 64, 16, 16),
-          (8, 32, 32, 32), (8, 64, 32, 32)]
+          (8, 32, 32, 32), (8, 64, 32, 32), (16, 64, 32, 32), (8, 64, 64, 64)]
 
 
 def step_time(module, x, dy, path, calls):
@@ -33,12 +34,13 @@ def step_time(module, x, dy, path, calls):
     return (time.perf_counter() - t0) / calls
 
 
-def ratios(shape, fmt, threads, rounds, activation):
+def ratios(shape, fmt, threads, rounds, activation, dtype):
     torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(shape, generator=gen).contiguous(memory_format=fmt).requires_grad_()
-    dy = torch.randn(shape, generator=gen).contiguous(memory_format=fmt)
-    m = ct.BatchNorm2d(shape[1], activation=activation)
+    x = torch.randn(shape, generator=gen).to(dtype).contiguous(memory_format=fmt).requires_grad_()
+    dy = torch.randn(shape, generator=gen).to(dtype).contiguous(memory_format=fmt)
+    m = ct.BatchNorm2d(shape[1], activation=activation,
+                       dtype=torch.float64 if dtype is torch.float64 else torch.float32)
     calls = max(3, int(2e5 / x.numel()))
     got = []
     for r in range(rounds):
@@ -53,17 +55,19 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--activation", default=None)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "float64", "bfloat16", "float16"))
     args = ap.parse_args(argv)
     old = ct.get_path()
-    print("native / cfbn time, module forward + backward, float32, median of %d rounds; "
-          "torch %s" % (args.rounds, torch.__version__))
+    dtype = getattr(torch, args.dtype)
+    print("native / cfbn time, module forward + backward, %s, median of %d rounds; "
+          "torch %s" % (args.dtype, args.rounds, torch.__version__))
     print("| shape | elements | format | 1 thread | 2 threads |\n|---|--:|---|--:|--:|")
     try:
         for name, fmt in (("contiguous", torch.contiguous_format),
                           ("channels_last", torch.channels_last)):
             rows = []
             for shape in SHAPES:
-                r = [ratios(shape, fmt, t, args.rounds, args.activation) for t in (1, 2)]
+                r = [ratios(shape, fmt, t, args.rounds, args.activation, dtype) for t in (1, 2)]
                 n = 1
                 for s in shape:
                     n *= s

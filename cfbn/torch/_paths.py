@@ -22,17 +22,26 @@ from ._activation import activate
 
 # (channels_last, dtype) -> the input size, in elements, from which cfbn's
 # path runs.  Measured on AMD EPYC (Zen 4), 2 cores, torch 2.13, by
-# benchmarks/torch_crossover.py (docs/torch.md has the table).
-# Two runs agreed: cfbn's path slower at 65,536 contiguous elements with two
-# threads (native / cfbn 0.84, 0.89) and faster from 131,072 (1.55-1.65,
-# 1.08-1.40); channels_last slower at 131,072 (0.82-0.89), faster from
-# 262,144 (1.00-1.82).  Below them PyTorch's path takes 0.44-0.90 of cfbn's.
+# benchmarks/torch_crossover.py (docs/torch.md has the table): where runs
+# disagreed, the largest size from which cfbn's path was faster in every run.
+# float32, two runs that agreed: cfbn's path slower at 65,536 contiguous
+# elements with two threads (native / cfbn 0.84, 0.89), faster from 131,072
+# (1.08-1.65); channels_last slower at 131,072 (0.82-0.89), faster from
+# 262,144 (1.00-1.82).  float64, two runs: 65,536 and 131,072 contiguous,
+# 262,144 channels_last.  bfloat16 and float16, four runs: 262,144 to
+# 1,048,576 contiguous, 262,144 to 524,288 channels_last (their ratios near
+# the crossover are within noise of 1 at two threads).
 CROSSOVER = {
     (False, torch.float32): 131072,
     (True, torch.float32): 262144,
+    (False, torch.float64): 131072,
+    (True, torch.float64): 262144,
+    (False, torch.bfloat16): 1048576,
+    (True, torch.bfloat16): 524288,
+    (False, torch.float16): 1048576,
+    (True, torch.float16): 524288,
 }
-# dtypes the table does not name (float64, 16-bit): not measured, so the
-# larger float32 figure.
+# any dtype the table does not name (cfbn's kernels take no other)
 DEFAULT_CROSSOVER = 262144
 
 _PATHS = ("auto", "cfbn", "native")
