@@ -432,6 +432,14 @@ def interleaved(fns, repeats, min_batch):
     return samples
 
 
+def median_ratio(fn_a, fn_b, repeats, min_batch):
+    """Median over `repeats` interleaved rounds of fn_a's time per call over
+    fn_b's (a ratio per round, so that a slow round slows both alike)."""
+    a, b = interleaved([fn_a, fn_b], repeats, min_batch)
+    r = sorted(x / y for x, y in zip(a, b))
+    return r[len(r) // 2]
+
+
 # ---------------------------------------------------------------- machine
 
 

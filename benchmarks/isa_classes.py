@@ -5,9 +5,9 @@ forward, gradient), the relu family fused (relu, and relu with a side input;
 forward and gradient), the exp family fused (silu, elu, sigmoid, tanh; forward
 and gradient), the second-order gradient, and bfloat16 plain (training forward
 and gradient).  Every cell times both tables in one process on the same
-buffers, alternating call by call (``_kernels.select_isa``), the order flipping
-every round; outputs come from cfbn's output cache, so neither table pays for
-fresh pages.  A cell's ratio is the median over the rounds of avx512 / avx2
+buffers, alternating batch by batch (``_kernels.select_isa`` before each call,
+``_bench_common.median_ratio``), the order flipping every round; outputs come
+from cfbn's output cache, so neither table pays for fresh pages.  A cell's ratio is the median over the rounds of avx512 / avx2
 time; a family's figure the geometric mean of its cells.
 
     python benchmarks/isa_classes.py [--threads 2] [--rounds 7] [--quick]
@@ -15,14 +15,15 @@ time; a family's figure the geometric mean of its cells.
 import argparse
 import math
 import sys
-import time
 
 import ml_dtypes
 import numpy as np
 
 import cfbn
 from cfbn import _kernels
+from _bench_common import median_ratio
 
+MIN_BATCH_S = 0.01
 SHAPES = [(32, 56, 56, 64), (32, 28, 28, 128), (32, 14, 14, 256), (32, 7, 7, 512), (8, 32, 32, 32)]
 FAMILIES = {
     "plain": [("training", None), ("inference", None), ("grad", None)],
@@ -59,21 +60,17 @@ def cell(kind, act, shape, fmt, threads):
     return lambda: cfbn.fused_batch_norm_grad_grad(dy, x, v, mean, var, x, v, v, **kw)
 
 
+def on(isa, call):
+    """`call` with `isa`'s table selected."""
+    def run():
+        _kernels.select_isa(isa)
+        call()
+    return run
+
+
 def ratio(call, rounds):
     """Median over rounds of avx512 / avx2 time of `call`."""
-    r = []
-    for k in range(rounds):
-        t = {}
-        for isa in (("avx2", "avx512") if k % 2 else ("avx512", "avx2")):
-            _kernels.select_isa(isa)
-            call()
-            t0 = time.perf_counter()
-            call()
-            call()
-            t[isa] = time.perf_counter() - t0
-        r.append(t["avx512"] / t["avx2"])
-    r.sort()
-    return r[len(r) // 2]
+    return median_ratio(on("avx512", call), on("avx2", call), rounds, MIN_BATCH_S)
 
 
 def main(argv=None):

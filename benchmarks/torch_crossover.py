@@ -2,7 +2,8 @@
 
 cfbn.torch.BatchNorm2d forward + backward, training, with ``set_path("cfbn")``
 against ``set_path("native")`` (PyTorch's batch norm, add and activation),
-interleaved in one process on the same tensors, for inputs (N, C, H, W) from
+interleaved batch by batch in one process on the same tensors
+(``_bench_common.median_ratio``), for inputs (N, C, H, W) from
 (1, 16, 4, 4) to (8, 64, 64, 64), contiguous and channels_last, float32, one
 and two threads (``--dtype`` for another input dtype; 16-bit inputs take
 float32 parameters, as under autocast).  Printed: each size's native / cfbn time ratio (above 1:
@@ -14,24 +15,26 @@ figure cfbn.torch._paths.CROSSOVER holds.
 """
 import argparse
 import sys
-import time
 
 import torch
 
 import cfbn.torch as ct
+from _bench_common import median_ratio
+
+MIN_BATCH_S = 0.01
 
 SHAPES = [(1, 16, 4, 4), (2, 16, 8, 8), (8, 16, 8, 8), (4, 32, 8, 8), (8, 32, 8, 8),
           (8, 16, 16, 16), (4, 64, 8, 8), (8, 64, 8, 8), (8, 32, 16, 16), (8, 64, 16, 16),
           (8, 32, 32, 32), (8, 64, 32, 32), (16, 64, 32, 32), (8, 64, 64, 64)]
 
 
-def step_time(module, x, dy, path, calls):
-    ct.set_path(path)
-    t0 = time.perf_counter()
-    for _ in range(calls):
+def step(module, x, dy, path):
+    """One forward + backward of `module` on `path`."""
+    def run():
+        ct.set_path(path)
         x.grad = None
         module(x).backward(dy)
-    return (time.perf_counter() - t0) / calls
+    return run
 
 
 def ratios(shape, fmt, threads, rounds, activation, dtype):
@@ -41,14 +44,7 @@ def ratios(shape, fmt, threads, rounds, activation, dtype):
     dy = torch.randn(shape, generator=gen).to(dtype).contiguous(memory_format=fmt)
     m = ct.BatchNorm2d(shape[1], activation=activation,
                        dtype=torch.float64 if dtype is torch.float64 else torch.float32)
-    calls = max(3, int(2e5 / x.numel()))
-    got = []
-    for r in range(rounds):
-        order = ("cfbn", "native") if r % 2 else ("native", "cfbn")
-        t = {p: step_time(m, x, dy, p, calls) for p in order}
-        got.append(t["native"] / t["cfbn"])
-    got.sort()
-    return got[len(got) // 2]
+    return median_ratio(step(m, x, dy, "native"), step(m, x, dy, "cfbn"), rounds, MIN_BATCH_S)
 
 
 def main(argv=None):
