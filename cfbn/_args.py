@@ -79,8 +79,7 @@ def contiguous(a):
 
 def tensor(x, name):
     """Validate the main tensor; returns (array, kernel dtype code, vector dtype)."""
-    if not isinstance(x, np.ndarray) and not is_cupy(x) and isinstance(x, (list, tuple, int,
-                                                                           float, complex)):
+    if isinstance(x, (list, tuple, int, float, complex)):
         # NumPy would guess the dtype (float64 for floats), and the error
         # would then name whichever argument kept its own
         raise TypeError("%s: expected an array (numpy.ndarray), got %s; pass "

@@ -59,10 +59,11 @@ def _merged_statistics(x, xa, group, sync):
     channels = x.shape[1]
     try:
         s = batch_norm_statistics(xa, data_format="NCHW")
-    finally:
+    except BaseException:
         if sync is not None and sync[2] is not None:
             # a gather is never left in flight, whatever the pass raised
             sync[2].wait()
+        raise
     local = np.empty(PREFIX + 1 + 2 * channels, _F64)
     if group is not None:
         row_prefix, names, pending = sync
