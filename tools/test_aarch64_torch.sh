@@ -39,7 +39,11 @@ bash "$ROOT/tools/make_arm64_sysroot.sh" bookworm
 bash "$ROOT/tools/aarch64_torch.sh" >/dev/null
 TORCH_WHEEL=$(one_file "$AARCH64_TORCH/torch-$TORCH_VERSION-cp311-cp311-*aarch64.whl")
 WHEEL=$(wheel_for 3.11 aarch64)
-unzip -l "$WHEEL" | grep -q 'cfbn/torch/_ops\.so$' || die "$(basename "$WHEEL") has no cfbn/torch/_ops.so"
+# The listing is read whole before grep looks at it: unzip writes it a piece
+# at a time, and `unzip | grep -q` under pipefail fails whenever grep's early
+# exit meets unzip's next write (SIGPIPE).
+listing=$(unzip -Z1 "$WHEEL")
+grep -qx 'cfbn/torch/_ops\.so' <<<"$listing" || die "$(basename "$WHEEL") has no cfbn/torch/_ops.so"
 
 step "pip install --target (aarch64, cp311): torch $TORCH_VERSION without its CUDA dependencies, its pure-Python ones, the cfbn wheel"
 rm -rf "$SITE"
