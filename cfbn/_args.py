@@ -6,7 +6,6 @@ functions, and the Cython fast paths take their tables from here; they only
 recognize a call these rules accept and leave every other call, and every
 error message, to this module.
 """
-import math
 import operator
 from collections import namedtuple
 
@@ -219,19 +218,56 @@ def flag(value, name):
     raise TypeError("%s: expected a bool, got %r" % (name, value))
 
 
-def epsilon(epsilon):
-    e = real(epsilon, "epsilon")
-    if not (e >= 0.0 and math.isfinite(e)):
-        raise ValueError("epsilon: expected a finite value >= 0, got %r" % (epsilon,))
+def holds(rule, value):
+    """Whether `value` (a float, or an int for the integer rules) lies in
+    `rule`'s range (csrc/rules.h; a NaN lies in none)."""
+    low, high, _ = _kernels.RULES[rule]
+    return low <= value <= high
+
+
+def refused(name, rule, value):
+    """The ValueError of a value that breaks `rule`, in the words every
+    entrance uses: "<name>: expected <what the rule expects>, got <value>"."""
+    return ValueError("%s: expected %s, got %s" % (name, _kernels.RULES[rule][2], short(value)))
+
+
+def epsilon(value, name="epsilon"):
+    e = real(value, name)
+    if not holds("epsilon", e):
+        raise refused(name, "epsilon", value)
     return e
 
 
-def factor(exponential_avg_factor):
-    factor = real(exponential_avg_factor, "exponential_avg_factor")
-    if not (0.0 <= factor <= 1.0):
-        raise ValueError("exponential_avg_factor: expected a value in [0, 1], got %r"
-                         % (exponential_avg_factor,))
-    return factor
+def factor(value, name="exponential_avg_factor"):
+    f = real(value, name)
+    if not holds("factor", f):
+        raise refused(name, "factor", value)
+    return f
+
+
+def finite(value, name):
+    """A finite real number as a float (alpha; cfbn.torch's momentum)."""
+    v = real(value, name)
+    if not holds("finite", v):
+        raise refused(name, "finite", value)
+    return v
+
+
+def count(value, name):
+    """A count >= 0 as an int (cfbn.torch's num_batches_tracked)."""
+    n = index(value, name)
+    if not holds("count", n):
+        raise refused(name, "count", n)
+    return n
+
+
+def activation_code(value, name="activation"):
+    """An activation code (the value of ACTIVATIONS' entries), as cfbn.torch's
+    operators take it."""
+    n = index(value, name)
+    if not holds("activation", n):
+        raise refused(name, "activation", n)
+    return n
 
 
 def check_stats_given(training, factor, mean, variance):
@@ -272,10 +308,7 @@ def activation(activation, alpha):
         return code, 0.0
     if alpha is None:
         return code, default
-    a = real(alpha, "alpha")
-    if not math.isfinite(a):
-        raise ValueError("alpha: expected a finite value, got %r" % (alpha,))
-    return code, a
+    return code, finite(alpha, "alpha")
 
 
 def side_input(side_input, x):
@@ -321,10 +354,8 @@ def threads(n_threads):
     if n_threads is None:
         return 0
     n = index(n_threads, "n_threads", "an int or None")
-    if n < 1:
-        raise ValueError("n_threads: expected at least 1, got %d" % n)
-    if n > 1024:
-        raise ValueError("n_threads: expected at most 1024, got %d" % n)
+    if not holds("threads", n):
+        raise refused("n_threads", "threads", n)
     return n
 
 

@@ -10,10 +10,10 @@ import os
 import numpy as np
 
 cimport numpy as cnp
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_New
 from cpython.ref cimport PyObject
 from libc.stdint cimport int64_t
-from libc.math cimport INFINITY
 from libc.string cimport strncpy
 
 cnp.import_array()
@@ -90,6 +90,22 @@ cdef extern from "cfbn.h":
     int cfbn_forked_child()
     void cfbn_set_trace(int on)
     int cfbn_trace_enabled()
+
+cdef extern from "rules.h":
+    double CFBN_EPSILON_LO, CFBN_EPSILON_HI, CFBN_FACTOR_LO, CFBN_FACTOR_HI
+    double CFBN_FINITE_LO, CFBN_FINITE_HI
+    long long CFBN_THREADS_LO, CFBN_THREADS_HI, CFBN_COUNT_LO, CFBN_COUNT_HI
+    long long CFBN_ACTIVATION_LO, CFBN_ACTIVATION_HI
+    const char *CFBN_EXPECT_EPSILON
+    const char *CFBN_EXPECT_FACTOR
+    const char *CFBN_EXPECT_FINITE
+    const char *CFBN_EXPECT_THREADS
+    const char *CFBN_EXPECT_COUNT
+    const char *CFBN_EXPECT_ACTIVATION
+    bint cfbn_epsilon_ok(double e)
+    bint cfbn_factor_ok(double f)
+    bint cfbn_finite_ok(double v)
+    bint cfbn_threads_ok(long long n)
 
 cdef extern from "bn_route.h":
     void cfbn_route_set_l2_bytes(int64_t l2)
@@ -186,6 +202,18 @@ def forked_child():
 def l2_cache_bytes():
     """One core's L2 cache in bytes as the OS reports it (0: not reported)."""
     return cfbn_cpu_l2_bytes()
+
+
+# The scalar rules of rules.h, for cfbn._args: rule -> (lowest value, highest
+# value, the words of what it expects).
+RULES = {
+    "epsilon": (CFBN_EPSILON_LO, CFBN_EPSILON_HI, CFBN_EXPECT_EPSILON.decode()),
+    "factor": (CFBN_FACTOR_LO, CFBN_FACTOR_HI, CFBN_EXPECT_FACTOR.decode()),
+    "finite": (CFBN_FINITE_LO, CFBN_FINITE_HI, CFBN_EXPECT_FINITE.decode()),
+    "threads": (CFBN_THREADS_LO, CFBN_THREADS_HI, CFBN_EXPECT_THREADS.decode()),
+    "count": (CFBN_COUNT_LO, CFBN_COUNT_HI, CFBN_EXPECT_COUNT.decode()),
+    "activation": (CFBN_ACTIVATION_LO, CFBN_ACTIVATION_HI, CFBN_EXPECT_ACTIVATION.decode()),
+}
 
 
 def _route_for_l2(l2_bytes):
@@ -691,7 +719,7 @@ cdef inline int _plain_activation(object activation, object alpha, double *act_a
             return -1
     elif alpha is None:
         act_alpha[0] = default
-    elif type(alpha) is float and -INFINITY < <double>alpha < INFINITY:
+    elif type(alpha) is float and cfbn_finite_ok(<double>alpha):
         act_alpha[0] = alpha
     else:
         return -1
@@ -744,9 +772,13 @@ cdef inline int _plain_threads(object n_threads):
     """n_threads as the C driver takes it (0 = OpenMP default), or -1."""
     if n_threads is None:
         return 0
-    if type(n_threads) is not int or not (1 <= n_threads <= 1024):
+    if type(n_threads) is not int:
         return -1
-    return <int>n_threads
+    cdef int overflow = 0
+    cdef long long n = PyLong_AsLongLongAndOverflow(n_threads, &overflow)
+    if overflow or not cfbn_threads_ok(n):
+        return -1
+    return <int>n
 
 
 cdef inline int _geometry(cnp.ndarray x, object data_format, int *layout, int64_t *outer,
@@ -889,7 +921,7 @@ def fast_forward(x, scale, offset, mean, variance, epsilon, exponential_avg_fact
         return None
     cdef double eps = epsilon
     cdef double factor = exponential_avg_factor
-    if not (0.0 <= eps < INFINITY) or not (0.0 <= factor <= 1.0):
+    if not (cfbn_epsilon_ok(eps) and cfbn_factor_ok(factor)):
         return None
     cdef int nt = _plain_threads(n_threads)
     if nt < 0:
@@ -967,7 +999,7 @@ def fast_backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, epsilo
     if is_training is not True and is_training is not False:
         return None
     cdef double eps = epsilon
-    if not (0.0 <= eps < INFINITY):
+    if not cfbn_epsilon_ok(eps):
         return None
     cdef int nt = _plain_threads(n_threads)
     if nt < 0:
@@ -1039,7 +1071,7 @@ def fast_grad_grad(y_backprop, x, scale, reserve_space_1, reserve_space_2, grad_
     if is_training is not True and is_training is not False:
         return None
     cdef double eps = epsilon
-    if not (0.0 <= eps < INFINITY):
+    if not cfbn_epsilon_ok(eps):
         return None
     cdef int nt = _plain_threads(n_threads)
     if nt < 0:

@@ -37,10 +37,8 @@ def _convention(name, what="convention"):
 
 
 def _momentum(momentum):
-    m = _args.real(momentum, "momentum")
-    if not 0.0 <= m <= 1.0:
-        raise ValueError("momentum: expected a value in [0, 1], got %r" % (momentum,))
-    return m
+    # a weight of the running statistics, as exponential_avg_factor is
+    return _args.factor(momentum, "momentum")
 
 
 def _layer_dtype(dtype):

@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "c_api.h"
-#include "cfbn.h"  /* CFBN_ACT_COUNT: the activation codes the kernels know */
+#include "rules.h"  /* the scalar arguments' rules and their words */
 
 // The glibc and libstdc++ this library needs decide the wheels' manylinux
 // tag, so it asks for no more than cfbn's C core does (glibc 2.17):
@@ -272,13 +272,17 @@ OptTensor vector_in(const OptTensor &v, const Tensor &x, ScalarType vdt, const c
     return r.is_contiguous() ? r : torch::stable::contiguous(r);
 }
 
-// An activation code the kernels know: an unknown one would leave the output
-// unwritten (the C API does not check its arguments).
-void check_activation(int64_t activation, const char *op)
+// The scalar arguments every operator takes, by cfbn's rules (rules.h), in
+// the words of cfbn._args: eps, and the activation code and its alpha (the
+// C API checks none of them).
+void check_scalars(double eps, int64_t activation, double alpha, const char *op)
 {
-    STD_TORCH_CHECK(activation >= 0 && activation < CFBN_ACT_COUNT, op,
-                    ": activation: expected a code in [0, ", CFBN_ACT_COUNT, "), got ",
-                    activation);
+    STD_TORCH_CHECK(cfbn_epsilon_ok(eps), op, ": eps: expected " CFBN_EXPECT_EPSILON ", got ",
+                    eps);
+    STD_TORCH_CHECK(cfbn_activation_ok(activation), op,
+                    ": activation: expected " CFBN_EXPECT_ACTIVATION ", got ", activation);
+    STD_TORCH_CHECK(cfbn_finite_ok(alpha), op, ": alpha: expected " CFBN_EXPECT_FINITE ", got ",
+                    alpha);
 }
 
 // Another tensor of x's shape and dtype (side input, gradients), laid out as `kind`.
@@ -354,9 +358,9 @@ double factor_of(std::optional<double> momentum, const OptTensor &count)
                         && count->scalar_type() == ScalarType::Long,
                     "cfbn::batch_norm: num_batches_tracked: expected one int64 on the CPU");
     int64_t n = *static_cast<const int64_t *>(count->const_data_ptr());
-    // a negative count would weigh the batch by a negative factor
-    STD_TORCH_CHECK(n >= 0, "cfbn::batch_norm: num_batches_tracked: expected a count >= 0 "
-                            "(momentum None weighs the batch by 1 / num_batches_tracked), got ", n);
+    // momentum None weighs the batch by 1 / num_batches_tracked
+    STD_TORCH_CHECK(cfbn_count_ok(n), "cfbn::batch_norm: num_batches_tracked: expected "
+                    CFBN_EXPECT_COUNT ", got ", n);
     return n == 0 ? 0.0 : 1.0 / (double)n;
 }
 
@@ -381,12 +385,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> batch_norm(
                     ": running_mean, running_var: expected both or neither");
     STD_TORCH_CHECK(training || mean.has_value(), op,
                     ": running_mean, running_var: required when not training");
-    STD_TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": eps: expected a finite value >= 0");
-    check_activation(activation, op);
+    check_scalars(eps, activation, alpha, op);
+    STD_TORCH_CHECK(!momentum.has_value() || cfbn_finite_ok(*momentum), op,
+                    ": momentum: expected " CFBN_EXPECT_FINITE ", got ", momentum.value_or(0.0));
     OptTensor side = like_input(side_input, x, kind, op, "side_input");
     bool update = training && mean.has_value();
     double factor = update ? factor_of(momentum, num_batches_tracked) : 0.0;
-    STD_TORCH_CHECK(std::isfinite(factor), op, ": momentum: expected a finite value");
 
     Tensor y = output(x, kind);
     Tensor save_mean = vector_out(x, vdt), save_var = vector_out(x, vdt);
@@ -489,7 +493,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_backward(
     Kind kind = g.kind;
     ScalarType vdt = g.vdt;
     OptTensor offset = vector_in(bias, x, vdt, op, "bias");
-    check_activation(activation, op);
+    check_scalars(eps, activation, alpha, op);
     OptTensor side = like_input(side_input, x, kind, op, "side_input");
     Tensor dx = output(x, kind);
     Tensor dside = side.has_value() ? output(x, kind)
@@ -523,6 +527,8 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_double_backward(
 {
     const char *op = "cfbn::batch_norm_double_backward";
     GradInputs g = grad_inputs(input, grad_out, weight, save_mean, save_var, op);
+    STD_TORCH_CHECK(cfbn_epsilon_ok(eps), op, ": eps: expected " CFBN_EXPECT_EPSILON ", got ",
+                    eps);
     const Tensor &x = g.x;
     Kind kind = g.kind;
     ScalarType vdt = g.vdt;

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 import cfbn  # noqa: E402
 import cfbn.torch as ct  # noqa: E402
-from cfbn.torch import _bridge, _library, ops  # noqa: E402
+from cfbn.torch import _bridge, _checks, _library, ops  # noqa: E402
 
 ROOT = str(Path(cfbn.__file__).resolve().parent.parent)
 LIBRARY = os.path.join(os.path.dirname(_library.__file__), _library.NAME)
@@ -128,7 +128,7 @@ CASES = list(itertools.product(LAYOUTS, [torch.float32, torch.float64, torch.flo
 def test_operators_give_the_bridge_bits(layout, dtype, act, training):
     shape, memory = layout
     x, w, b, rm, rv, side, dy = _inputs(shape, dtype, memory, 3)
-    name, alpha = ops._name(act, 0.0)
+    _, name, alpha = _checks.scalars(1e-3, act, 0.0)
     s = side if act else None
     got = ops.batch_norm(x, w, b, rm, rv, None, training, 0.1, 1e-3, act, 0.0, s)
     want = _bridge.forward(x, w, b, rm, rv, training, 0.1, 1e-3, name, alpha, s, False)

@@ -1,4 +1,4 @@
-"""torch.nn activation modules that cfbn's kernels fuse, and their torch forms.
+"""torch.nn activation modules that cfbn's kernels fuse.
 
 The kernels' formulas (cfbn.reference.activation) are torch's, kinks and
 all: relu'(0) = 0, relu6'(0) = relu6'(6) = 0, leaky_relu'(0) = alpha (torch's
@@ -6,11 +6,9 @@ negative_slope), elu'(0) = alpha (torch's ``alpha``; elu's input and output
 scales are 1 in nn.ELU).  So an activation module after a batch norm may
 become the batch norm's ``activation=`` without changing a value.
 """
-import math
-
-import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+from .. import _args
 
 # Matched by exact type: a subclass may compute something else (nn.ReLU6
 # is itself an nn.Hardtanh, which is not fused in general).
@@ -42,44 +40,6 @@ def fused_form(module):
 
 
 def _finite(name, alpha):
-    # the kernels take a finite alpha only; torch takes any float
+    # the kernels take a finite alpha only (csrc/rules.h); torch takes any float
     alpha = float(alpha)
-    return (name, alpha) if math.isfinite(alpha) else None
-
-
-def apply(z, activation, alpha):
-    """cfbn's `activation` of `z` computed by torch (a new tensor).
-
-    Parameters
-    ----------
-    z : Tensor
-        The pre-activation.
-    activation : str or None
-        One of cfbn's activations (None: `z` itself).
-    alpha : float or None
-        leaky_relu's slope or elu's scale; None: cfbn's default.
-
-    Returns
-    -------
-    Tensor
-    """
-    if activation is None:
-        return z
-    try:
-        form = _TORCH_FORMS[activation]
-    except (KeyError, TypeError):
-        raise ValueError("unknown activation %r" % (activation,)) from None
-    return form(z, alpha)
-
-
-# cfbn's activation name -> its torch form (z, alpha or None: the default);
-# every name of cfbn._args.ACTIVATIONS but None has one
-_TORCH_FORMS = {
-    "relu": lambda z, a: F.relu(z),
-    "relu6": lambda z, a: F.relu6(z),
-    "leaky_relu": lambda z, a: F.leaky_relu(z, 0.01 if a is None else a),
-    "elu": lambda z, a: F.elu(z, 1.0 if a is None else a),
-    "sigmoid": lambda z, a: torch.sigmoid(z),
-    "tanh": lambda z, a: torch.tanh(z),
-    "silu": lambda z, a: F.silu(z),
-}
+    return (name, alpha) if _args.holds("finite", alpha) else None

@@ -26,12 +26,13 @@ import numpy as np
 import torch
 
 from .. import _api, _args
+from . import _activation
 
 # The per-channel vectors of each input dtype, as cfbn's kernels want them
 # (float32 for the 16-bit types, as PyTorch's own CPU kernels keep them).
 VECTOR_DTYPES = {torch.float32: torch.float32, torch.float64: torch.float64,
                  torch.float16: torch.float32, torch.bfloat16: torch.float32}
-_HALF = (torch.float16, torch.bfloat16)
+HALF = (torch.float16, torch.bfloat16)
 _NUMPY_VECTOR = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
 _NUMPY_TENSOR = dict(_NUMPY_VECTOR)
 _NUMPY_TENSOR[torch.float16] = np.dtype(np.float16)
@@ -203,13 +204,13 @@ def vector(v, vdt, x_dtype, name):
     to bfloat16 or float16 entirely), as PyTorch's CPU kernels accept both."""
     if v.dtype is vdt:
         return array(v)
-    if v.dtype is x_dtype and x_dtype in _HALF:
+    if v.dtype is x_dtype and x_dtype in HALF:
         return array(v.to(vdt))
     raise RuntimeError(mixed_dtype(x_dtype, v.dtype, vdt, name))
 
 
 def mixed_dtype(x_dtype, v_dtype, vdt, name):
-    if x_dtype in _HALF:
+    if x_dtype in HALF:
         return ("mixed dtype (CPU): %s: expected float32 or %s for %s input, got %s"
                 % (name, x_dtype, x_dtype, v_dtype))
     return ("mixed dtype (CPU): %s: expected %s to match the input, got %s"
@@ -232,12 +233,6 @@ def _prepare(x):
     return x, vdt, x.shape[1], kind
 
 
-def _running_pair(running_mean, running_var):
-    if (running_mean is None) != (running_var is None):
-        raise ValueError("running_mean, running_var: pass both or neither (got %s None)"
-                         % ("running_mean" if running_mean is None else "running_var"))
-
-
 def forward(x, weight, bias, running_mean, running_var, training, factor, eps, activation,
             alpha, side_input, in_place):
     """Batch norm of x, as PyTorch's batch_norm computes it.
@@ -255,7 +250,6 @@ def forward(x, weight, bias, running_mean, running_var, training, factor, eps, a
     are updated, and the running tensors themselves with `in_place`.
     """
     x, vdt, channels, kind = _prepare(x)
-    _running_pair(running_mean, running_var)
     y, y_view = output(x, kind)
     save_mean, mean_out = _vector_output(channels, vdt)
     save_var, var_out = _vector_output(channels, vdt)
@@ -380,54 +374,6 @@ def double_backward(grad_out, x, weight, save_mean, save_var, gg_input, gg_weigh
     return ddy, dx, _grad_vector(dscale, weight)
 
 
-def _activation_derivatives(z, activation, alpha):
-    """(act'(z), act''(z) or None where it is 0 almost everywhere), with
-    cfbn's derivatives at the kinks: relu'(0) = relu6'(0) = relu6'(6) = 0,
-    leaky_relu'(0) = elu'(0) = alpha."""
-    _, alpha = _args.activation(activation, alpha)
-    return _DERIVATIVES[activation](z, alpha)
-
-
-def _elu_derivatives(z, alpha):
-    e = torch.where(z > 0, 0.0, alpha * torch.exp(torch.clamp(z, max=0.0)))
-    return torch.where(z > 0, 1.0, e), e
-
-
-def _sigmoid_derivatives(z, alpha):
-    sg = torch.sigmoid(z)
-    d = sg * (1 - sg)
-    return d, d * (1 - 2 * sg)
-
-
-def _tanh_derivatives(z, alpha):
-    t = torch.tanh(z)
-    d = 1 - t * t
-    return d, -2 * t * d
-
-
-def _silu_derivatives(z, alpha):
-    # silu: z * sigmoid(z)
-    sg = torch.sigmoid(z)
-    # z held to the finite range: at +-Inf the products are Inf 0, where
-    # both derivatives have finite limits (1 and 0, 0 and 0), as cfbn.reference
-    big = torch.finfo(z.dtype).max
-    w = z.clamp(-big, big)
-    return sg * (1 + w * (1 - sg)), sg * (1 - sg) * (2 + w * (1 - 2 * sg))
-
-
-# cfbn's activation name -> (act', act'') of (z, alpha); every name of
-# cfbn._args.ACTIVATIONS but None has one
-_DERIVATIVES = {
-    "relu": lambda z, a: ((z > 0).to(z.dtype), None),
-    "relu6": lambda z, a: (((z > 0) & (z < 6)).to(z.dtype), None),
-    "leaky_relu": lambda z, a: (torch.where(z > 0, torch.ones_like(z), torch.full_like(z, a)), None),
-    "elu": _elu_derivatives,
-    "sigmoid": _sigmoid_derivatives,
-    "tanh": _tanh_derivatives,
-    "silu": _silu_derivatives,
-}
-
-
 def _pre_activation(x, weight, bias, save_mean, save_var, eps, side_input):
     """The normalized value plus the side input, before the activation, in
     the vector dtype (torch operations: it is differentiated no further)."""
@@ -467,7 +413,7 @@ def backward_of_backward(double_backward_fn, backward_fn, saved, options, gg_inp
     dz = grad_out
     if activation is not None:
         z = _pre_activation(x, weight, bias, save_mean, save_var, eps, side_input)
-        d1, d2 = _activation_derivatives(z, activation, alpha)
+        d1, d2 = _activation.derivatives(z, activation, alpha)
         dz = (grad_out * d1).to(x.dtype)
     ddz, dx, dweight = double_backward_fn(dz, x, weight, save_mean, save_var, gg_input,
                                           gg_weight, gg_bias, training, eps)

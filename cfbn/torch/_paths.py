@@ -17,6 +17,7 @@ the crossover ("auto").
 import torch
 import torch.nn.functional as F
 
+from .. import _args
 from . import _checks
 from ._activation import activate
 
@@ -89,7 +90,13 @@ def native(input):
 
 def batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps,
                activation, alpha, side_input):
-    """PyTorch's batch norm, then the side input and the activation."""
+    """PyTorch's batch norm, then the side input and the activation.
+
+    The scalar rules are cfbn's (nn would take a negative or NaN eps and
+    return NaNs); the tensors' are PyTorch's own."""
+    _args.epsilon(eps, "eps")
+    if momentum is not None:
+        _args.finite(momentum, "momentum")
     _checks.like_input(side_input, "side_input", input)
     y = F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
     if side_input is not None:

@@ -16,12 +16,10 @@ import torch
 from .. import _kernels
 from .._split import (_merge, batch_norm_apply, batch_norm_grad_apply,
                       batch_norm_grad_statistics, batch_norm_statistics)
-from . import _bridge, _sync_check
-from ._activation import activate_
+from . import _activation, _bridge, _sync_check
 from ._sync_check import BACKWARD, PREFIX, gather
 
 _F64 = np.dtype(np.float64)
-_HALF = (torch.float16, torch.bfloat16)
 
 
 def _rows(x):
@@ -32,13 +30,9 @@ def _rows(x):
     return x.detach().contiguous().reshape(x.shape[0], x.shape[1], inner, 1)
 
 
-def _vector_dtype(x):
-    return torch.float32 if x.dtype in _HALF else x.dtype
-
-
 def _param(p, x, channels, value):
     """A per-channel parameter in the dtype the kernels take for x's dtype."""
-    dtype = _vector_dtype(x)
+    dtype = _bridge.VECTOR_DTYPES[x.dtype]
     if p is None:
         return np.full(channels, value, dtype=np.float64).astype(
             np.float32 if dtype is torch.float32 else _F64)
@@ -136,7 +130,7 @@ class SyncFunction(torch.autograd.Function):
                              out=_bridge.array(y))
         if side_input is not None:
             y += _rows(side_input)
-        activate_(y, activation, alpha)
+        _activation.activate_(y, activation, alpha)
         ctx.save_for_backward(x, weight, bias, side_input)
         # The group weakly: a graph kept past destroy_process_group (an
         # output held to the end) must not keep the group to interpreter
@@ -202,8 +196,8 @@ def _pre_activation_grad(ctx, grad_out, x, weight, bias, side_input):
     mu, var, _, _, eps, _ = ctx.stats
     # Recomputed rather than saved: one tensor of memory less between the
     # passes, and the same vector-dtype arithmetic the fused path uses.
-    vdt = _vector_dtype(x)
+    vdt = _bridge.VECTOR_DTYPES[x.dtype]
     z = _bridge._pre_activation(x.detach(), weight, bias, torch.from_numpy(mu).to(vdt),
                                 torch.from_numpy(var).to(vdt), eps, side_input)
-    d1, _ = _bridge._activation_derivatives(z, activation, alpha)
+    d1, _ = _activation.derivatives(z, activation, alpha)
     return (grad_out * d1).to(x.dtype)

@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from . import _act_modules
+from . import _activation
 
 Block = collections.namedtuple("Block", ["forward", "activations"])
 Block.__doc__ = """How to fuse one block class (see `register_block`)."""
@@ -129,7 +129,7 @@ def residual(bn, input, identity, inplace=False):
     plain.activation = plain.alpha = None
     out = plain(input)
     out = out.add_(identity) if inplace else out + identity
-    return _act_modules.apply(out, bn.activation, bn.alpha)
+    return _activation.activate(out, bn.activation, bn.alpha)
 
 
 def _basic_block(block, x):

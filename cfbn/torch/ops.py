@@ -49,19 +49,10 @@ from torch import Tensor
 from .. import _args
 from . import _bridge, _checks, _library
 
-_NAMES = {code: name for name, (code, _) in _args.ACTIVATIONS.items()}
-
-
 def activation_code(activation, alpha):
     """(cfbn's activation code, alpha as a float), checked by the validator."""
     return (0, 0.0) if activation is None and alpha is None else _args.activation(activation,
                                                                                     alpha)
-
-
-def _name(code, alpha):
-    """The bridge's (activation name, alpha) for an operator's code."""
-    name = _NAMES[code]
-    return name, (alpha if _args.ACTIVATIONS[name][1] is not None else None)
 
 
 def _factor(momentum, num_batches_tracked):
@@ -69,12 +60,8 @@ def _factor(momentum, num_batches_tracked):
         return float(momentum)
     if num_batches_tracked is None:
         return 0.0
-    n = int(num_batches_tracked)
-    if n < 0:
-        # the C++ operator's check, in its words
-        raise RuntimeError("cfbn::batch_norm: num_batches_tracked: expected a count >= 0 "
-                           "(momentum None weighs the batch by 1 / num_batches_tracked), got %d"
-                           % n)
+    # momentum None weighs the batch by 1 / num_batches_tracked
+    n = _args.count(int(num_batches_tracked), "num_batches_tracked")
     return 0.0 if n == 0 else 1.0 / n
 
 
@@ -88,8 +75,10 @@ def _define_in_python():
                    momentum: Optional[float], eps: float, activation: int, alpha: float,
                    side_input: Optional[Tensor]
                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        eps, name, a = _checks.forward_operator(input, weight, bias, running_mean, running_var,
+                                                num_batches_tracked, training, momentum, eps,
+                                                activation, alpha, side_input)
         factor = _factor(momentum, num_batches_tracked) if training else 0.0
-        name, a = _name(activation, alpha)
         if training and running_mean is not None and not 0.0 <= factor <= 1.0:
             # cfbn's kernels take TensorFlow's factor, in [0, 1]; nn takes any
             # momentum.  Factor 1 gives the batch's statistics (the variance
@@ -110,7 +99,8 @@ def _define_in_python():
                             training: bool, eps: float, activation: int, alpha: float,
                             side_input: Optional[Tensor]
                             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        name, a = _name(activation, alpha)
+        eps, name, a = _checks.backward_operator(grad_out, input, weight, bias, save_mean,
+                                                 save_var, eps, activation, alpha, side_input)
         dx, dweight, dbias, dside = _bridge.backward(grad_out, input, weight, bias, save_mean,
                                                      save_var, training, eps, name, a,
                                                      side_input)
@@ -124,6 +114,9 @@ def _define_in_python():
                                    grad_grad_weight: Optional[Tensor],
                                    grad_grad_bias: Optional[Tensor], training: bool, eps: float
                                    ) -> tuple[Tensor, Tensor, Tensor]:
+        eps = _checks.double_backward_operator(grad_out, input, weight, save_mean, save_var,
+                                               grad_grad_input, grad_grad_weight,
+                                               grad_grad_bias, eps)
         return _bridge.double_backward(grad_out, input, weight, save_mean, save_var,
                                        grad_grad_input, grad_grad_weight, grad_grad_bias,
                                        training, eps)
@@ -142,13 +135,6 @@ batch_norm_backward = torch.ops.cfbn.batch_norm_backward.default
 batch_norm_double_backward = torch.ops.cfbn.batch_norm_double_backward.default
 
 
-def _vector_dtype(x):
-    vdt = _bridge.VECTOR_DTYPES.get(x.dtype)
-    if vdt is None:
-        raise TypeError("input: expected float32, float64, float16 or bfloat16, got %s" % x.dtype)
-    return vdt
-
-
 def _grad_vector_dtype(param, vdt):
     return vdt if param is None else param.dtype
 
@@ -156,11 +142,10 @@ def _grad_vector_dtype(param, vdt):
 @torch.library.register_fake("cfbn::batch_norm")
 def _(input, weight, bias, running_mean, running_var, num_batches_tracked, training, momentum,
       eps, activation, alpha, side_input):
-    _checks.same_device(input, ((weight, "weight"), (bias, "bias"),
-                                (running_mean, "running_mean"), (running_var, "running_var"),
-                                (num_batches_tracked, "num_batches_tracked"),
-                                (side_input, "side_input")))
-    vdt = _vector_dtype(input)
+    _checks.forward_operator(input, weight, bias, running_mean, running_var,
+                             num_batches_tracked, training, momentum, eps, activation, alpha,
+                             side_input)
+    vdt = _bridge.VECTOR_DTYPES[input.dtype]
     channels = input.shape[1]
     updated = channels if training and running_mean is not None else 0
     return (_bridge.empty_like(input), input.new_empty(channels, dtype=vdt),
@@ -171,10 +156,9 @@ def _(input, weight, bias, running_mean, running_var, num_batches_tracked, train
 @torch.library.register_fake("cfbn::batch_norm_backward")
 def _(grad_out, input, weight, bias, save_mean, save_var, training, eps, activation, alpha,
       side_input):
-    _checks.same_device(input, ((grad_out, "grad_out"), (weight, "weight"), (bias, "bias"),
-                                (save_mean, "save_mean"), (save_var, "save_var"),
-                                (side_input, "side_input")))
-    vdt = _vector_dtype(input)
+    _checks.backward_operator(grad_out, input, weight, bias, save_mean, save_var, eps,
+                              activation, alpha, side_input)
+    vdt = _bridge.VECTOR_DTYPES[input.dtype]
     channels = input.shape[1]
     dside = _bridge.empty_like(input) if side_input is not None else input.new_empty(0)
     return (_bridge.empty_like(input),
@@ -185,12 +169,9 @@ def _(grad_out, input, weight, bias, save_mean, save_var, training, eps, activat
 @torch.library.register_fake("cfbn::batch_norm_double_backward")
 def _(grad_out, input, weight, save_mean, save_var, grad_grad_input, grad_grad_weight,
       grad_grad_bias, training, eps):
-    _checks.same_device(input, ((grad_out, "grad_out"), (weight, "weight"),
-                                (save_mean, "save_mean"), (save_var, "save_var"),
-                                (grad_grad_input, "grad_grad_input"),
-                                (grad_grad_weight, "grad_grad_weight"),
-                                (grad_grad_bias, "grad_grad_bias")))
-    vdt = _vector_dtype(input)
+    _checks.double_backward_operator(grad_out, input, weight, save_mean, save_var,
+                                     grad_grad_input, grad_grad_weight, grad_grad_bias, eps)
+    vdt = _bridge.VECTOR_DTYPES[input.dtype]
     return (_bridge.empty_like(input), _bridge.empty_like(input),
             input.new_empty(input.shape[1], dtype=_grad_vector_dtype(weight, vdt)))
 
@@ -226,7 +207,7 @@ def _setup_batch_norm_backward(ctx, inputs, output):
 
 def _batch_norm_backward_grad(ctx, gg_input, gg_weight, gg_bias, gg_side):
     training, eps, activation, alpha = ctx.options
-    name, a = _name(activation, alpha)
+    _, name, a = _checks.scalars(eps, activation, alpha)
     ddy, dx, dweight, dbias, dside = _bridge.backward_of_backward(
         batch_norm_double_backward, _plain_backward, ctx.saved_tensors,
         (training, eps, name, a), gg_input, gg_weight, gg_bias, gg_side)
