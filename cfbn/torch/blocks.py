@@ -1,8 +1,9 @@
 """Blocks whose forward ``convert(fuse=True)`` replaces by a fused one.
 
 A block class is known by its exact type: torchvision's ResNet
-``BasicBlock`` and ``Bottleneck`` (looked up only when torchvision is already
-imported), and any class declared with `register_block`.  Fusing a block
+``BasicBlock`` and ``Bottleneck`` and the ``ResNet`` itself (its stem; looked
+up only when torchvision is already imported), and any class declared with
+`register_block`.  Fusing a block
 gives some of its batch norms the activation of one of its activation
 modules and sets, on that instance only, a ``forward`` that calls them
 instead of the activation modules; its children, parameters, buffers,
@@ -10,6 +11,7 @@ state_dict and hooks on the block itself stay as they were.
 """
 import collections
 import copy
+import functools
 import sys
 
 import torch
@@ -76,20 +78,22 @@ def lookup(module):
     return None
 
 
-class FusedForward:
-    """A fused block's ``forward``, set on the instance: calls
-    ``forward(block, ...)``.  A plain object (not a bound method) so that
-    the block pickles and deep-copies with it."""
+class FusedForward(functools.partial):
+    """``FusedForward(forward, block)``: a fused block's ``forward``, set on
+    the instance, calling ``forward(block, ...)``.  A partial (not a bound method) so that the
+    block pickles and deep-copies with it, and so that torch.export, which
+    reads a root module's forward code, finds the fused function's."""
 
-    def __init__(self, forward, block):
-        self.forward = forward
-        self.block = block
+    @property
+    def forward(self):
+        return self.func
 
-    def __call__(self, *args, **kwargs):
-        return self.forward(self.block, *args, **kwargs)
+    @property
+    def block(self):
+        return self.args[0]
 
     def __repr__(self):
-        return "FusedForward(%s)" % getattr(self.forward, "__qualname__", self.forward)
+        return "FusedForward(%s)" % getattr(self.func, "__qualname__", self.func)
 
 
 def residual(bn, input, identity, inplace=False):
@@ -147,6 +151,14 @@ def _bottleneck(block, x):
     return residual(block.bn3, out, identity, inplace=True)
 
 
+def _resnet(model, x):
+    """torchvision ResNet.forward with the stem's bn1 fused: its relu runs on
+    the network's largest batch-norm output."""
+    x = model.maxpool(model.bn1(model.conv1(x)))
+    x = model.layer4(model.layer3(model.layer2(model.layer1(x))))
+    return model.fc(torch.flatten(model.avgpool(x), 1))
+
+
 # (module, class name, how to fuse it); the module is looked at only when
 # it is already imported, so cfbn never imports it.
 _KNOWN = (
@@ -154,4 +166,5 @@ _KNOWN = (
      Block(_basic_block, {"bn1": "relu", "bn2": "relu"})),
     ("torchvision.models.resnet", "Bottleneck",
      Block(_bottleneck, {"bn1": "relu", "bn2": "relu", "bn3": "relu"})),
+    ("torchvision.models.resnet", "ResNet", Block(_resnet, {"bn1": "relu"})),
 )
