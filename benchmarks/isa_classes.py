@@ -32,13 +32,15 @@ FAMILIES = {
     "exp family": [(k, a) for a in ("silu", "elu", "sigmoid", "tanh") for k in ("training", "grad")],
     "second order": [("grad_grad", None)],
     "bfloat16 plain": [("training-bf16", None), ("grad-bf16", None)],
+    "float16 plain": [("training-f16", None), ("grad-f16", None)],
 }
 
 
 def cell(kind, act, shape, fmt, threads):
     """A callable of one call of the cell."""
-    dtype = ml_dtypes.bfloat16 if kind.endswith("-bf16") else np.float32
-    kind = kind.replace("-bf16", "")
+    dtype = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}.get(kind.rpartition("-")[2],
+                                                                 np.float32)
+    kind = kind.partition("-")[0]
     if fmt == "NCHW":
         shape = (shape[0], shape[3], shape[1], shape[2])
     c = shape[3] if fmt == "NHWC" else shape[1]
@@ -73,34 +75,46 @@ def ratio(call, rounds):
     return median_ratio(on("avx512", call), on("avx2", call), rounds, MIN_BATCH_S)
 
 
+def family_ratios(family, ratio_of, shapes, threads):
+    """(ratio_of(call), the cell's name) for every cell of `family`."""
+    got = []
+    for kind, act in FAMILIES[family]:
+        for shape in shapes:
+            for fmt in ("NHWC", "NCHW"):
+                got.append((ratio_of(cell(kind, act, shape, fmt, threads)),
+                            "%s %s %s %s" % (kind, act or "", fmt, "x".join(map(str, shape)))))
+    return got
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="two shapes only")
+    ap.add_argument("--families", default=",".join(FAMILIES),
+                    help="some of: %s" % ", ".join(FAMILIES))
     args = ap.parse_args(argv)
     if "avx512" not in cfbn.runtime_info()["supported_isas"]:
         print("isa_classes.py: this CPU cannot run the AVX-512 table", file=sys.stderr)
         return 2
     shapes = SHAPES[::2] if args.quick else SHAPES
-    previous = _kernels.selected_isa()
+    families = args.families.split(",")
+    unknown = set(families) - set(FAMILIES)
+    if unknown:
+        ap.error("--families: unknown %s" % ", ".join(sorted(unknown)))
+    previous = _kernels.selection()
     print("avx512 / avx2 time, %d threads, median of %d rounds; %s"
           % (args.threads, args.rounds, cfbn.runtime_info()["selected_isa"]))
     print("| family | geometric mean | worst cell | cells |\n|---|--:|---|--:|")
     try:
-        for family, cells in FAMILIES.items():
-            got = []
-            for kind, act in cells:
-                for shape in shapes:
-                    for fmt in ("NHWC", "NCHW"):
-                        got.append((ratio(cell(kind, act, shape, fmt, args.threads), args.rounds),
-                                    "%s %s %s %s" % (kind, act or "", fmt, "x".join(map(str, shape)))))
+        for family in families:
+            got = family_ratios(family, lambda c: ratio(c, args.rounds), shapes, args.threads)
             gm = math.exp(sum(math.log(r) for r, _ in got) / len(got))
             worst = max(got)
             print("| %s | %.3f | %.3f (%s) | %d |" % (family, gm, worst[0], worst[1], len(got)))
             sys.stdout.flush()
     finally:
-        _kernels.select_isa(previous)
+        _kernels.restore_selection(previous)
     return 0
 
 

@@ -250,6 +250,10 @@ def main(argv=None):
     for key in ("compiled_isas", "supported_isas", "selected_isa", "openmp", "max_threads",
                 "output_cache_limit", "l2_cache_bytes"):
         print("  %-15s %s" % (key, info[key]))
+    others = {f: isa for f, isa in info["family_isas"].items() if isa != info["selected_isa"]}
+    if others:
+        print("  %-15s %s (CPU row %s)" % ("family_isas", ", ".join(
+            "%s %s" % kv for kv in sorted(others.items())), info["cpu_row"]))
     rng = np.random.default_rng(2024)
     tols = check_tolerances()
     failures = self_check(rng, tols)

@@ -42,6 +42,11 @@ cdef extern from "cfbn.h":
     int cfbn_isa_supported(int isa)
     int cfbn_isa_best()
     const cfbn_kernels *cfbn_isa_table(int isa)
+    int CFBN_FAMILY_COUNT
+    const cfbn_kernels *cfbn_default_table()
+    const char *cfbn_cpu_row()
+    const char *cfbn_family_name(int family)
+    const cfbn_kernels *cfbn_family_table(const cfbn_kernels *k, int family)
     int64_t cfbn_cpu_l2_bytes()
     int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
                               const void *x, const void *scale, const void *offset,
@@ -165,7 +170,8 @@ def selected_isa():
 
 
 def select_isa(name, source="isa"):
-    """Make `name` the active kernel table (for tests; not thread-safe)."""
+    """Make `name` the active kernel table for every family (for tests and
+    CFBN_FORCE_ISA; not thread-safe)."""
     global _table, _isa
     names = _isa_names()
     if name not in names:
@@ -181,6 +187,43 @@ def select_isa(name, source="isa"):
     _table = cfbn_isa_table(isa)
     _isa = isa
     cfbn_c_api_select(_table)
+
+
+def select_default():
+    """Make the default table active: the best ISA's, with each loop family
+    from the ISA measured fastest for it on this CPU where a CPU row of
+    dispatch.c matches (`cpu_row`)."""
+    global _table, _isa
+    _table = cfbn_default_table()
+    _isa = cfbn_isa_best()
+    cfbn_c_api_select(_table)
+
+
+def routes_families():
+    """Whether the active table runs some families from another ISA."""
+    return any(name != selected_isa() for name in family_isas().values())
+
+
+def family_isas():
+    """The ISA each loop family runs on under the active table."""
+    return {cfbn_family_name(f).decode(): cfbn_family_table(_table, f).name.decode()
+            for f in range(CFBN_FAMILY_COUNT)}
+
+
+def cpu_row():
+    """The name of the CPU row of dispatch.c that matches this CPU, or None."""
+    cdef const char *name = cfbn_cpu_row()
+    return None if name == NULL else name.decode()
+
+
+def selection():
+    """What `restore_selection` takes to make the active table active again."""
+    return (selected_isa(), routes_families())
+
+
+def restore_selection(selection):
+    name, routed = selection
+    select_default() if routed else select_isa(name)
 
 
 def openmp_enabled():
@@ -499,7 +542,7 @@ def _select_at_import():
     if forced:
         select_isa(forced, "CFBN_FORCE_ISA")
     else:
-        select_isa(cfbn_isa_name(cfbn_isa_best()).decode())
+        select_default()
 
 
 _select_at_import()

@@ -198,11 +198,35 @@ static double trace_now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static const char *trace_family(int second_order, int dtype, int act)
+/* ---- loop families (cfbn.h) ---- */
+
+int cfbn_family_of(int second_order, int dtype, int act)
 {
-    if (second_order) return "second_order";
-    if (act == CFBN_ACT_NONE) return dtype == CFBN_F16 || dtype == CFBN_BF16 ? "plain_16bit" : "plain";
-    return cfbn_act_grad_is_compare(act) ? "relu_family" : "exp_family";
+    if (second_order) return CFBN_FAMILY_SECOND_ORDER;
+    if (act == CFBN_ACT_NONE)
+        return dtype == CFBN_F16 ? CFBN_FAMILY_PLAIN_F16
+             : dtype == CFBN_BF16 ? CFBN_FAMILY_PLAIN_BF16 : CFBN_FAMILY_PLAIN;
+    return cfbn_act_grad_is_compare(act) ? CFBN_FAMILY_RELU : CFBN_FAMILY_EXP;
+}
+
+const char *cfbn_family_name(int family)
+{
+    static const char *const names[CFBN_FAMILY_COUNT] = {
+        "plain", "plain_float16", "plain_bfloat16", "relu_family", "exp_family", "second_order"};
+    return family >= 0 && family < CFBN_FAMILY_COUNT ? names[family] : NULL;
+}
+
+const cfbn_kernels *cfbn_family_table(const cfbn_kernels *k, int family)
+{
+    return k->by_family ? k->by_family[family] : k;
+}
+
+/* The table one call runs on: its family's, where k routes families. */
+static const cfbn_kernels *routed(const cfbn_kernels *k, int second_order, const cfbn_shape *s,
+                                  const cfbn_fusion *f)
+{
+    if (!k->by_family) return k;
+    return k->by_family[cfbn_family_of(second_order, s->dtype, f ? f->act : CFBN_ACT_NONE)];
 }
 
 static void trace_line(const char *op, const cfbn_kernels *k, const cfbn_shape *s, const cfbn_fusion *f,
@@ -217,7 +241,8 @@ static void trace_line(const char *op, const cfbn_kernels *k, const cfbn_shape *
             "table=%s family=%s strategy=%s threads=%d us=%.1f rc=%d\n",
             op, dtypes[dt], s->layout == CFBN_CHANNELS_FIRST ? "channels_first" : "channels_last",
             (long long)s->outer, (long long)s->channels, (long long)s->inner, name ? name : "none",
-            f && f->side != NULL, k->name, trace_family(!strcmp(op, "backward_backward"), s->dtype, act),
+            f && f->side != NULL, k->name,
+            cfbn_family_name(cfbn_family_of(!strcmp(op, "backward_backward"), s->dtype, act)),
             trace_strategy ? trace_strategy : "none", thread_count(s), 1e6 * (trace_now() - t0), rc);
 }
 
@@ -1462,7 +1487,7 @@ done:
     return rc;
 }
 
-/* ---- the entries (cfbn.h): each one call of its run_, traced ---- */
+/* ---- the entries (cfbn.h): each one call of its run_ on its family's table, traced ---- */
 
 int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
                           const void *x, const void *scale, const void *offset,
@@ -1471,6 +1496,7 @@ int cfbn_forward_training(const cfbn_kernels *k, const cfbn_shape *s,
                           void *y, void *batch_mean, void *batch_variance,
                           void *saved_mean, void *saved_variance, const cfbn_fusion *fusion)
 {
+    k = routed(k, 0, s, fusion);
     TRACED("forward_training", fusion,
            run_forward_training(k, s, x, scale, offset, mean, variance, epsilon, factor, y, batch_mean,
                                 batch_variance, saved_mean, saved_variance, fusion));
@@ -1482,6 +1508,7 @@ int cfbn_forward_inference(const cfbn_kernels *k, const cfbn_shape *s,
                            void *y, void *batch_mean, void *batch_variance,
                            void *saved_mean, void *saved_variance, const cfbn_fusion *fusion)
 {
+    k = routed(k, 0, s, fusion);
     TRACED("forward_inference", fusion,
            run_forward_inference(k, s, x, scale, offset, mean, variance, epsilon, y, batch_mean,
                                  batch_variance, saved_mean, saved_variance, fusion));
@@ -1489,12 +1516,14 @@ int cfbn_forward_inference(const cfbn_kernels *k, const cfbn_shape *s,
 
 int cfbn_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void *x, double *mean, double *m2)
 {
+    k = routed(k, 0, s, NULL);
     TRACED("statistics", NULL, run_statistics(k, s, x, mean, m2));
 }
 
 int cfbn_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *x, const void *scale,
                const void *offset, const double *mean, const double *variance, double epsilon, void *y)
 {
+    k = routed(k, 0, s, NULL);
     TRACED("apply", NULL, run_apply(k, s, x, scale, offset, mean, variance, epsilon, y));
 }
 
@@ -1503,6 +1532,7 @@ int cfbn_backward(const cfbn_kernels *k, const cfbn_shape *s, int training,
                   const void *saved_mean, const void *saved_variance, double epsilon,
                   void *dx, void *scale_backprop, void *offset_backprop, const cfbn_fusion *fusion)
 {
+    k = routed(k, 0, s, fusion);
     TRACED(training ? "backward_training" : "backward_inference", fusion,
            run_backward(k, s, training, dy, x, scale, saved_mean, saved_variance, epsilon, dx,
                         scale_backprop, offset_backprop, fusion));
@@ -1512,6 +1542,7 @@ int cfbn_grad_statistics(const cfbn_kernels *k, const cfbn_shape *s, const void 
                          const double *mean, const double *variance, double epsilon,
                          double *sum_dy, double *sum_dy_xhat)
 {
+    k = routed(k, 0, s, NULL);
     TRACED("grad_statistics", NULL,
            run_grad_statistics(k, s, dy, x, mean, variance, epsilon, sum_dy, sum_dy_xhat));
 }
@@ -1520,6 +1551,7 @@ int cfbn_grad_apply(const cfbn_kernels *k, const cfbn_shape *s, const void *dy, 
                     const void *scale, const double *mean, const double *variance, double epsilon,
                     const double *sum_dy, const double *sum_dy_xhat, double count, void *dx)
 {
+    k = routed(k, 0, s, NULL);
     TRACED("grad_apply", NULL,
            run_grad_apply(k, s, dy, x, scale, mean, variance, epsilon, sum_dy, sum_dy_xhat, count, dx));
 }
@@ -1530,6 +1562,7 @@ int cfbn_backward_backward(const cfbn_kernels *k, const cfbn_shape *s, int train
                            const void *ggx, const void *ggscale, const void *ggoffset,
                            void *ddy, void *dx, void *scale_backprop)
 {
+    k = routed(k, 1, s, NULL);
     TRACED("backward_backward", NULL,
            run_backward_backward(k, s, training, dy, x, scale, saved_mean, saved_variance, epsilon, ggx,
                                  ggscale, ggoffset, ddy, dx, scale_backprop));

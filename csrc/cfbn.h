@@ -311,6 +311,18 @@ typedef struct {
  * computed in float is a cfbn_float_kernels member, a case in
  * cfbn_route_float_table and the element access of each ISA's float loops
  * (bn_entries.h makes its entries from them). */
+/* The loop families a CPU may run from different ISAs (dispatch.c's CPU
+ * rows): which loops a call runs, by its order, dtype and activation. */
+enum cfbn_family {
+    CFBN_FAMILY_PLAIN = 0,        /* no activation, float32 or float64 */
+    CFBN_FAMILY_PLAIN_F16 = 1,    /* no activation, float16 */
+    CFBN_FAMILY_PLAIN_BF16 = 2,   /* no activation, bfloat16 */
+    CFBN_FAMILY_RELU = 3,         /* an activation whose derivative is a compare */
+    CFBN_FAMILY_EXP = 4,          /* elu, sigmoid, tanh, silu */
+    CFBN_FAMILY_SECOND_ORDER = 5, /* the gradient of the gradient */
+    CFBN_FAMILY_COUNT = 6
+};
+
 typedef struct cfbn_kernels {
     const char *name;
     /* Floats its rows loops take at a time (one vector: 8 for AVX2, 4 for
@@ -322,6 +334,10 @@ typedef struct cfbn_kernels {
     cfbn_double_kernels f64;
     cfbn_float_kernels f16;
     cfbn_float_kernels bf16;
+    /* NULL in an ISA's table.  In the table dispatch.c makes for a CPU whose
+     * row routes families: the table each family runs on (enum
+     * cfbn_family), which the driver's entries switch to first. */
+    const struct cfbn_kernels *const *by_family;
 } cfbn_kernels;
 
 /* The tables.  Each exists only where its ISA file is compiled in. */
@@ -343,6 +359,16 @@ int cfbn_isa_supported(int isa);         /* compiled and this CPU/OS can run it 
 int cfbn_isa_best(void);                 /* the best supported ISA */
 const cfbn_kernels *cfbn_isa_table(int isa);  /* NULL unless supported */
 int64_t cfbn_cpu_l2_bytes(void);         /* one core's L2 cache as the OS reports it, 0 if unknown */
+/* The table a call selects by default: cfbn_isa_best()'s, or where a CPU row
+ * of dispatch.c matches this CPU, one that runs each family from the ISA
+ * measured fastest for it there. */
+const cfbn_kernels *cfbn_default_table(void);
+const char *cfbn_cpu_row(void);          /* the matching CPU row's name, or NULL */
+/* The family of a call and the table it runs on under k (k itself unless k
+ * routes families). */
+int cfbn_family_of(int second_order, int dtype, int act);
+const char *cfbn_family_name(int family);
+const cfbn_kernels *cfbn_family_table(const cfbn_kernels *k, int family);
 
 /* bn_driver.c: a tensor seen as outer x channels x inner.
  * channels-last: outer = number of rows (N*H*W), inner = 1.

@@ -115,10 +115,11 @@ static int always(void)
     return 1;
 }
 
-/* Whether a CPU that runs AVX-512 gets it without CFBN_FORCE_ISA: only
- * where it has been measured faster than AVX2 (512-bit units that are split
- * in two, or a clock that drops under 512-bit load, make it slower on some
- * CPUs).  No CPU has been measured yet, so none does. */
+/* Whether a CPU that runs AVX-512 gets it for every family without
+ * CFBN_FORCE_ISA: only where it has been measured faster than AVX2 in every
+ * family (512-bit units that are split in two, or a clock that drops under
+ * 512-bit load, make it slower on some CPUs).  No CPU has been, so none
+ * does; the CPU rows below give it the families it wins. */
 static int avx512_by_default(void)
 {
     return 0;
@@ -178,6 +179,109 @@ int cfbn_isa_best(void)
 const cfbn_kernels *cfbn_isa_table(int isa)
 {
     return cfbn_isa_supported(isa) ? row_of(isa)->table : NULL;
+}
+
+/* ---- CPU rows: on a CPU measured by benchmarks/isa_classes.py, each loop
+ * family from the ISA that ran it fastest there (the default table; a
+ * forced ISA runs every family) ---- */
+
+/* x86 family and model (cpuid 1, with the extended fields), vendor AMD */
+#if defined(CFBN_X86)
+static int amd_family_model(unsigned *family, unsigned *model)
+{
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return 0;
+    /* "AuthenticAMD" in EBX, EDX, ECX */
+    if (ebx != 0x68747541u || edx != 0x69746e65u || ecx != 0x444d4163u) return 0;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
+    unsigned base = (eax >> 8) & 0xf;
+    *family = base == 0xf ? base + ((eax >> 20) & 0xff) : base;
+    *model = ((eax >> 4) & 0xf) | (base == 0xf ? ((eax >> 16) & 0xf) << 4 : 0);
+    return 1;
+}
+#endif
+
+/* AMD Zen 4 (family 19h with AVX-512; Zen 3, the same family, has none):
+ * 512-bit operations run as two 256-bit halves.  Measured on an EPYC (family
+ * 19h, model 11h), 2 threads, AVX-512 / AVX2 time by family
+ * (benchmarks/results/isa_classes_zen4.txt): plain 1.02-1.09, relu family
+ * 1.00-1.04, exp family 0.72-0.74, second order 1.04-1.06, bfloat16 plain
+ * 0.87-0.98, float16 plain 1.34 (three runs, two of them before the
+ * float16 family was measured). */
+static int zen4(void)
+{
+#if defined(CFBN_X86)
+    unsigned family, model;
+    return avx512_ok() && amd_family_model(&family, &model) && family == 0x19;
+#else
+    return 0;
+#endif
+}
+
+typedef struct {
+    const char *name;
+    int (*match)(void);
+    int isa[CFBN_FAMILY_COUNT];    /* enum cfbn_isa per enum cfbn_family */
+} cpu_row;
+
+static const cpu_row cpu_rows[] = {
+    { "amd-zen4", zen4, { [CFBN_FAMILY_PLAIN] = CFBN_ISA_AVX2,
+                          [CFBN_FAMILY_PLAIN_F16] = CFBN_ISA_AVX2,
+                          [CFBN_FAMILY_PLAIN_BF16] = CFBN_ISA_AVX512,
+                          [CFBN_FAMILY_RELU] = CFBN_ISA_AVX2,
+                          [CFBN_FAMILY_EXP] = CFBN_ISA_AVX512,
+                          [CFBN_FAMILY_SECOND_ORDER] = CFBN_ISA_AVX2 } },
+};
+
+/* The routed table: the best ISA's, widened to the lanes of every table it
+ * routes to (the driver widens channels-last rows to a multiple of them
+ * before it knows which loops run), with its by_family.  Made once, on
+ * first use; cfbn._kernels asks at import, before any thread runs. */
+static cfbn_kernels routed_table;
+static const cfbn_kernels *routed_families[CFBN_FAMILY_COUNT];
+static const cpu_row *matched_row;
+static int default_made;
+
+static const cfbn_kernels *make_default(void)
+{
+    const cfbn_kernels *best = cfbn_isa_table(cfbn_isa_best());
+    for (size_t i = 0; i < sizeof cpu_rows / sizeof cpu_rows[0]; i++) {
+        const cpu_row *r = &cpu_rows[i];
+        if (!r->match()) continue;
+        int lanes = best->lanes, ok = 1;
+        for (int f = 0; f < CFBN_FAMILY_COUNT; f++) {
+            const cfbn_kernels *t = cfbn_isa_table(r->isa[f]);
+            if (!t) { ok = 0; break; }
+            routed_families[f] = t;
+            if (t->lanes > lanes) lanes = t->lanes;
+        }
+        if (!ok) continue;
+        for (int f = 0; f < CFBN_FAMILY_COUNT; f++)
+            if (lanes % routed_families[f]->lanes) ok = 0;
+        if (!ok) continue;
+        routed_table = *best;
+        routed_table.lanes = lanes;
+        routed_table.by_family = routed_families;
+        matched_row = r;
+        return &routed_table;
+    }
+    return best;
+}
+
+const cfbn_kernels *cfbn_default_table(void)
+{
+    static const cfbn_kernels *table;
+    if (!default_made) {
+        table = make_default();
+        default_made = 1;
+    }
+    return table;
+}
+
+const char *cfbn_cpu_row(void)
+{
+    cfbn_default_table();
+    return matched_row ? matched_row->name : NULL;
 }
 
 /* One core's L2 cache in bytes, from Linux's description of cpu0's caches

@@ -47,13 +47,13 @@ SHAPES = [
 
 @contextmanager
 def selected(isa):
-    """Make `isa` the active kernel table inside the block."""
-    previous = _kernels.selected_isa()
+    """Make `isa` the active kernel table (for every family) inside the block."""
+    previous = _kernels.selection()
     _kernels.select_isa(isa)
     try:
         yield
     finally:
-        _kernels.select_isa(previous)
+        _kernels.restore_selection(previous)
 
 
 def seed_of(*parts):

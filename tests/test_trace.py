@@ -45,7 +45,7 @@ def calls():
         dict(op="backward_inference", dtype="float32", layout="channels_first", outer="2",
              channels="5", inner="12", act="silu", side="0", family="exp_family"),
         dict(op="backward_backward", act="none", family="second_order"),
-        dict(op="forward_training", dtype="bfloat16", act="none", family="plain_16bit"),
+        dict(op="forward_training", dtype="bfloat16", act="none", family="plain_bfloat16"),
     ]
 
 
@@ -54,7 +54,7 @@ def check(lines, expected):
     for got, want in zip(lines, expected):
         for key, value in want.items():
             assert got[key] == value, (key, got, want)
-        assert got["table"] == cfbn.runtime_info()["selected_isa"]
+        assert got["table"] == cfbn.runtime_info()["family_isas"][got["family"]]
         assert got["rc"] == "0"
         assert int(got["threads"]) >= 1 and float(got["us"]) >= 0.0
         assert got["strategy"] in ("rows", "planes", "pieces", "channels", "per_channel")
