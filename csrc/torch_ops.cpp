@@ -246,6 +246,33 @@ void check_api()
                                     "(import cfbn.torch to use them)");
 }
 
+// A shape and a dtype as the Python checks (cfbn/torch/_checks.py) print
+// them, so that a refusal reads the same from every entrance: (4, 3) and
+// (3,), torch.float32.
+std::string shape_text(const Tensor &t)
+{
+    std::ostringstream out;
+    out << "(";
+    for (int64_t d = 0; d < t.dim(); ++d)
+        out << (d ? ", " : "") << t.size(d);
+    out << (t.dim() == 1 ? ",)" : ")");
+    return out.str();
+}
+
+const char *dtype_text(ScalarType t)
+{
+    switch (t) {
+    case ScalarType::Float: return "torch.float32";
+    case ScalarType::Double: return "torch.float64";
+    case ScalarType::Half: return "torch.float16";
+    case ScalarType::BFloat16: return "torch.bfloat16";
+    case ScalarType::Long: return "torch.int64";
+    case ScalarType::Int: return "torch.int32";
+    case ScalarType::Bool: return "torch.bool";
+    default: return "another dtype";
+    }
+}
+
 void check_input(const Tensor &x, const char *op)
 {
     STD_TORCH_CHECK(x.is_cpu(), op, ": input: expected a CPU tensor");
@@ -263,11 +290,18 @@ OptTensor vector_in(const OptTensor &v, const Tensor &x, ScalarType vdt, const c
     if (!v.has_value() || !v->defined())
         return std::nullopt;
     const Tensor &t = *v;
-    STD_TORCH_CHECK(t.is_cpu() && t.dim() == 1 && t.size(0) == x.size(1), op, ": ", name,
-                    ": expected a CPU tensor of shape (", x.size(1), ")");
-    ScalarType dt = t.scalar_type();
-    STD_TORCH_CHECK(dt == vdt || (dt == x.scalar_type() && half_type(dt)), op, ": ", name,
-                    ": expected the input's per-channel dtype");
+    STD_TORCH_CHECK(t.is_cpu(), op, ": ", name, ": expected a tensor on the input's device cpu");
+    STD_TORCH_CHECK(t.dim() == 1 && t.size(0) == x.size(1), op, ": ", name, ": expected ",
+                    x.size(1), " values, one per channel of input of shape ", shape_text(x),
+                    ", got shape ", shape_text(t));
+    ScalarType dt = t.scalar_type(), xdt = x.scalar_type();
+    // PyTorch's own words for this (cfbn/torch/_bridge.py's mixed_dtype)
+    STD_TORCH_CHECK(dt == vdt || (dt == xdt && half_type(dt)), op, ": mixed dtype (CPU): ", name,
+                    ": expected ",
+                    half_type(xdt) ? std::string("float32 or ") + dtype_text(xdt) + " for "
+                                         + dtype_text(xdt) + " input"
+                                   : std::string(dtype_text(vdt)) + " to match the input",
+                    ", got ", dtype_text(dt));
     Tensor r = dt == vdt ? t : torch::stable::to(t, vdt);
     return r.is_contiguous() ? r : torch::stable::contiguous(r);
 }
@@ -291,11 +325,15 @@ OptTensor like_input(const OptTensor &t, const Tensor &x, Kind kind, const char 
 {
     if (!t.has_value() || !t->defined())
         return std::nullopt;
-    STD_TORCH_CHECK(t->is_cpu() && t->scalar_type() == x.scalar_type() && t->dim() == x.dim(),
-                    op, ": ", name, ": expected a CPU tensor of the input's shape and dtype");
-    for (int64_t d = 0; d < x.dim(); ++d)
-        STD_TORCH_CHECK(t->size(d) == x.size(d), op, ": ", name,
-                        ": expected the input's shape");
+    STD_TORCH_CHECK(t->is_cpu(), op, ": ", name, ": expected a tensor on the input's device cpu");
+    bool same = t->dim() == x.dim();
+    for (int64_t d = 0; same && d < x.dim(); ++d)
+        same = t->size(d) == x.size(d);
+    STD_TORCH_CHECK(same, op, ": ", name, ": expected the input's shape ", shape_text(x), ", got ",
+                    shape_text(*t));
+    STD_TORCH_CHECK(t->scalar_type() == x.scalar_type(), op, ": ", name,
+                    ": expected the input's dtype ", dtype_text(x.scalar_type()), ", got ",
+                    dtype_text(t->scalar_type()));
     return in_layout(*t, kind);
 }
 
@@ -382,9 +420,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> batch_norm(
     OptTensor mean = vector_in(running_mean, x, vdt, op, "running_mean");
     OptTensor var = vector_in(running_var, x, vdt, op, "running_var");
     STD_TORCH_CHECK(mean.has_value() == var.has_value(), op,
-                    ": running_mean, running_var: expected both or neither");
+                    ": running_mean, running_var: pass both or neither (got ",
+                    mean.has_value() ? "running_var" : "running_mean", " None)");
     STD_TORCH_CHECK(training || mean.has_value(), op,
-                    ": running_mean, running_var: required when not training");
+                    ": running_mean, running_var: required when training is False");
     check_scalars(eps, activation, alpha, op);
     STD_TORCH_CHECK(!momentum.has_value() || cfbn_finite_ok(*momentum), op,
                     ": momentum: expected " CFBN_EXPECT_FINITE ", got ", momentum.value_or(0.0));
@@ -446,13 +485,15 @@ Tensor grad_vector(const Tensor &g, const OptTensor &param)
     return torch::stable::to(g, param->scalar_type());
 }
 
-// The saved statistics: vectors of the input's vector dtype.
-void check_saved(const Tensor &t, const Tensor &x, ScalarType vdt, const char *op,
-                 const char *name)
+// The saved statistics: vectors of the input's vector dtype, as the kernels
+// read them (contiguous).
+Tensor saved_in(const Tensor &t, const Tensor &x, ScalarType vdt, const char *op,
+                const char *name)
 {
-    STD_TORCH_CHECK(t.is_cpu() && t.dim() == 1 && t.size(0) == x.size(1)
-                        && t.scalar_type() == vdt && t.is_contiguous(),
-                    op, ": ", name, ": expected the forward's per-channel statistics");
+    STD_TORCH_CHECK(t.scalar_type() == vdt, op, ": ", name,
+                    ": expected the forward's statistics, a tensor of dtype ", dtype_text(vdt),
+                    ", got ", dtype_text(t.scalar_type()));
+    return *vector_in(t, x, vdt, op, name);
 }
 
 // What both gradients read first: the input as the kernels read it, its
@@ -463,6 +504,7 @@ struct GradInputs {
     Kind kind;
     ScalarType vdt;
     Tensor scale;
+    Tensor mean, var;
     OptTensor dy;
 };
 
@@ -474,8 +516,8 @@ GradInputs grad_inputs(const Tensor &input, const Tensor &grad_out, const OptTen
     GradInputs g;
     g.x = readable(input, g.kind);
     g.vdt = vector_type(g.x.scalar_type());
-    check_saved(save_mean, g.x, g.vdt, op, "save_mean");
-    check_saved(save_var, g.x, g.vdt, op, "save_var");
+    g.mean = saved_in(save_mean, g.x, g.vdt, op, "save_mean");
+    g.var = saved_in(save_var, g.x, g.vdt, op, "save_var");
     OptTensor scale = vector_in(weight, g.x, g.vdt, op, "weight");
     g.scale = scale.has_value() ? *scale : filled(g.x, g.vdt, g.x.size(1), 1.0);
     g.dy = like_input(grad_out, g.x, g.kind, op, "grad_out");
@@ -510,7 +552,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_backward(
     Shape s = shape_of(x, kind);
     int rc = api->backward(s.dtype, s.layout, s.outer, s.channels, s.inner, s.threads,
                            training, ptr(g.dy), x.const_data_ptr(), g.scale.const_data_ptr(),
-                           save_mean.const_data_ptr(), save_var.const_data_ptr(), eps,
+                           g.mean.const_data_ptr(), g.var.const_data_ptr(), eps,
                            dx.mutable_data_ptr(), dscale.mutable_data_ptr(),
                            doffset.mutable_data_ptr(),
                            (int)activation, alpha, ptr(side),
@@ -545,8 +587,8 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_double_backward(
     Shape s = shape_of(x, kind);
     int rc = api->backward_backward(s.dtype, s.layout, s.outer, s.channels, s.inner,
                                     s.threads, training, ptr(g.dy), x.const_data_ptr(),
-                                    g.scale.const_data_ptr(), save_mean.const_data_ptr(),
-                                    save_var.const_data_ptr(), eps, ptr(ggx), ptr(ggs),
+                                    g.scale.const_data_ptr(), g.mean.const_data_ptr(),
+                                    g.var.const_data_ptr(), eps, ptr(ggx), ptr(ggs),
                                     ptr(ggo), ddy.mutable_data_ptr(), dx.mutable_data_ptr(),
                                     dscale.mutable_data_ptr());
     check_rc(rc);

@@ -3,8 +3,9 @@
 Checked in Python before the operator runs, so that a wrong call raises a
 ValueError or TypeError naming the argument, the user's shapes and dtypes,
 rather than an operator's RuntimeError about its internal views.  The C++
-operators check the same things again (a direct ``torch.ops.cfbn`` call has
-no Python in front of it); those checks only keep memory safe.
+operators check the same rules again (a direct ``torch.ops.cfbn`` call has
+no Python in front of it), in these words (tests/test_torch_rules.py); the
+scalar rules' ranges and words are csrc/rules.h's, through cfbn._args.
 """
 import torch
 
