@@ -223,7 +223,10 @@ def selection():
 
 def restore_selection(selection):
     name, routed = selection
-    select_default() if routed else select_isa(name)
+    if routed:
+        select_default()
+    else:
+        select_isa(name)
 
 
 def openmp_enabled():

@@ -233,10 +233,11 @@ static const cpu_row cpu_rows[] = {
                           [CFBN_FAMILY_SECOND_ORDER] = CFBN_ISA_AVX2 } },
 };
 
-/* The routed table: the best ISA's, widened to the lanes of every table it
- * routes to (the driver widens channels-last rows to a multiple of them
- * before it knows which loops run), with its by_family.  Made once, on
- * first use; cfbn._kernels asks at import, before any thread runs. */
+/* The routed table: a copy of the best ISA's with its by_family.  Every
+ * driver entry switches to the family's table before it plans (the plan
+ * takes that table's lanes), so the copy's own entries never run.  Made
+ * once, on first use; cfbn._kernels asks at import, before any thread
+ * runs. */
 static cfbn_kernels routed_table;
 static const cfbn_kernels *routed_families[CFBN_FAMILY_COUNT];
 static const cpu_row *matched_row;
@@ -248,19 +249,11 @@ static const cfbn_kernels *make_default(void)
     for (size_t i = 0; i < sizeof cpu_rows / sizeof cpu_rows[0]; i++) {
         const cpu_row *r = &cpu_rows[i];
         if (!r->match()) continue;
-        int lanes = best->lanes, ok = 1;
-        for (int f = 0; f < CFBN_FAMILY_COUNT; f++) {
-            const cfbn_kernels *t = cfbn_isa_table(r->isa[f]);
-            if (!t) { ok = 0; break; }
-            routed_families[f] = t;
-            if (t->lanes > lanes) lanes = t->lanes;
-        }
-        if (!ok) continue;
+        int ok = 1;
         for (int f = 0; f < CFBN_FAMILY_COUNT; f++)
-            if (lanes % routed_families[f]->lanes) ok = 0;
+            if ((routed_families[f] = cfbn_isa_table(r->isa[f])) == NULL) ok = 0;
         if (!ok) continue;
         routed_table = *best;
-        routed_table.lanes = lanes;
         routed_table.by_family = routed_families;
         matched_row = r;
         return &routed_table;
