@@ -323,7 +323,8 @@ def runtime_info():
         ``family_isas`` (the ISA each loop family runs on: ``selected_isa``'s
         for every family, except on a CPU that ``cpu_row`` names, where the
         default runs some from the ISA measured faster for them there; a
-        forced ISA runs every family), ``cpu_row`` (or None), ``openmp`` (bool), ``max_threads`` (threads used when n_threads is None),
+        forced ISA runs every family), ``cpu_row`` (or None), ``openmp``
+        (bool), ``max_threads`` (threads used when n_threads is None),
         ``forked_child`` (True in the child of a ``fork()``, where every call
         runs on one thread), ``output_cache_limit`` and ``l2_cache_bytes`` (one
         core's L2 cache as the OS reports it, 0 if it does not; the router
@@ -356,9 +357,9 @@ def set_verbose(on):
     channels_last), the shape as the kernels see it (``outer``, ``channels``,
     ``inner``), ``act`` and ``side`` (the fused activation and whether a side
     input is added), ``table`` (the ISA table that ran), ``family`` (plain,
-    plain_float16, plain_bfloat16, relu_family, exp_family, second_order), ``strategy`` (how
-    the plan walks the tensor: rows, planes, pieces, channels or
-    per_channel), ``threads``, ``us`` (the call's time) and ``rc`` (0, or
+    plain_float16, plain_bfloat16, relu_family, exp_family, second_order),
+    ``strategy`` (how the plan walks the tensor: rows, planes, pieces,
+    channels or per_channel), ``threads``, ``us`` (the call's time) and ``rc`` (0, or
     the C driver's error code).  ``CFBN_VERBOSE=1`` turns it on at import.
     It traces every entrance's calls (NumPy, the split functions,
     cfbn.torch's operators); CuPy calls run no driver and print nothing.

@@ -30,7 +30,6 @@
 
 #include <array>
 #include <atomic>
-#include <cmath>
 #include <cstdint>
 #include <new>
 #include <optional>
@@ -306,13 +305,18 @@ OptTensor vector_in(const OptTensor &v, const Tensor &x, ScalarType vdt, const c
     return r.is_contiguous() ? r : torch::stable::contiguous(r);
 }
 
-// The scalar arguments every operator takes, by cfbn's rules (rules.h), in
-// the words of cfbn._args: eps, and the activation code and its alpha (the
-// C API checks none of them).
-void check_scalars(double eps, int64_t activation, double alpha, const char *op)
+// The scalar arguments, by cfbn's rules (rules.h), in the words of
+// cfbn._args (the C API checks none of them): eps, which every operator
+// takes, and with it the activation code and its alpha (check_scalars).
+void check_eps(double eps, const char *op)
 {
     STD_TORCH_CHECK(cfbn_epsilon_ok(eps), op, ": eps: expected " CFBN_EXPECT_EPSILON ", got ",
                     eps);
+}
+
+void check_scalars(double eps, int64_t activation, double alpha, const char *op)
+{
+    check_eps(eps, op);
     STD_TORCH_CHECK(cfbn_activation_ok(activation), op,
                     ": activation: expected " CFBN_EXPECT_ACTIVATION ", got ", activation);
     STD_TORCH_CHECK(cfbn_finite_ok(alpha), op, ": alpha: expected " CFBN_EXPECT_FINITE ", got ",
@@ -569,8 +573,7 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_double_backward(
 {
     const char *op = "cfbn::batch_norm_double_backward";
     GradInputs g = grad_inputs(input, grad_out, weight, save_mean, save_var, op);
-    STD_TORCH_CHECK(cfbn_epsilon_ok(eps), op, ": eps: expected " CFBN_EXPECT_EPSILON ", got ",
-                    eps);
+    check_eps(eps, op);
     const Tensor &x = g.x;
     Kind kind = g.kind;
     ScalarType vdt = g.vdt;

@@ -3,9 +3,8 @@
 A block class is known by its exact type: torchvision's ResNet
 ``BasicBlock`` and ``Bottleneck`` and the ``ResNet`` itself (its stem; looked
 up only when torchvision is already imported), and any class declared with
-`register_block`.  Fusing a block
-gives some of its batch norms the activation of one of its activation
-modules and sets, on that instance only, a ``forward`` that calls them
+`register_block`.  Fusing a block gives some of its batch norms the
+activation of one of its activation modules and sets, on that instance only, a ``forward`` that calls them
 instead of the activation modules; its children, parameters, buffers,
 state_dict and hooks on the block itself stay as they were.
 """
@@ -80,9 +79,10 @@ def lookup(module):
 
 class FusedForward(functools.partial):
     """``FusedForward(forward, block)``: a fused block's ``forward``, set on
-    the instance, calling ``forward(block, ...)``.  A partial (not a bound method) so that the
-    block pickles and deep-copies with it, and so that torch.export, which
-    reads a root module's forward code, finds the fused function's."""
+    the instance, calling ``forward(block, ...)``.  A partial (not a bound
+    method) so that the block pickles and deep-copies with it, and so that
+    torch.export, which reads a root module's forward code, finds the fused
+    function's."""
 
     @property
     def forward(self):

@@ -49,6 +49,7 @@ from torch import Tensor
 from .. import _args
 from . import _bridge, _checks, _library
 
+
 def activation_code(activation, alpha):
     """(cfbn's activation code, alpha as a float), checked by the validator."""
     return (0, 0.0) if activation is None and alpha is None else _args.activation(activation,
