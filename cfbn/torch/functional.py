@@ -74,15 +74,24 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         y, _, _, new_mean, new_var = ops.batch_norm(*args)
     elif torch.is_grad_enabled() and (input.requires_grad or _requires_grad(weight)
                                       or _requires_grad(bias) or _requires_grad(side_input)):
-        y, new_mean, new_var = _Eager.apply(input, weight, bias, side_input, args)
+        # the running statistics are written inside: one output, not three
+        # (each output of a Python autograd node costs microseconds)
+        return _Eager.apply(input, weight, bias, side_input, args)
     else:
         with _below_autograd():
             y, _, _, new_mean, new_var = ops.batch_norm(*args)
+    _update(args, new_mean, new_var)
+    return y
+
+
+def _update(args, new_mean, new_var):
+    """Write the operator's new running statistics into the caller's
+    (args: the operator's arguments; new_mean and new_var never require
+    grad, so there is no autograd to step around)."""
+    running_mean, running_var, training = args[3], args[4], args[6]
     if training and running_mean is not None:
-        # new_mean and new_var never require grad: no autograd to step around
         running_mean.copy_(new_mean)
         running_var.copy_(new_var)
-    return y
 
 
 # The operators' autograd formulas are Python (cfbn.torch.ops registers
@@ -108,7 +117,8 @@ def _traced(*tensors):
 
 
 class _Eager(torch.autograd.Function):
-    """cfbn::batch_norm with cfbn::batch_norm_backward as its gradient."""
+    """cfbn::batch_norm with cfbn::batch_norm_backward as its gradient; the
+    running statistics updated in its forward."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, side_input, args):
@@ -118,19 +128,17 @@ class _Eager(torch.autograd.Function):
         _, _, _, _, _, _, training, _, eps, act, alpha, _ = args
         with _below_autograd():
             y, save_mean, save_var, new_mean, new_var = ops.batch_norm(*args)
+            _update(args, new_mean, new_var)
         # x and the parameters through save_for_backward, so that modifying
         # them in place before the backward is an error; the statistics are ours.
         ctx.save_for_backward(x, weight, bias, side_input)
         ctx.stats = (save_mean, save_var)
         ctx.options = (training, eps, act, alpha)
-        ctx.mark_non_differentiable(new_mean, new_var)
-        # The running statistics' gradients are never read: without this,
-        # autograd makes a zero tensor for each on every backward.
         ctx.set_materialize_grads(False)
-        return y, new_mean, new_var
+        return y
 
     @staticmethod
-    def backward(ctx, grad_out, _new_mean, _new_var):
+    def backward(ctx, grad_out):
         if grad_out is None:
             return None, None, None, None, None
         x, weight, bias, side_input = ctx.saved_tensors
