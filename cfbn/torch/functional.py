@@ -103,6 +103,10 @@ def _update(args, new_mean, new_var):
 # Tracing, torch.compile and functorch transforms see the operators with
 # their registered formulas instead, which they need to record.
 _below_autograd = torch._C._AutoDispatchBelowAutograd
+# The overloads' C++ callables: OpOverload.__call__ is a Python frame that
+# only forwards to them (still the dispatcher, modes and profiler included).
+_forward = ops.batch_norm._op
+_backward = ops.batch_norm_backward._op
 _wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
@@ -127,7 +131,7 @@ class _Eager(torch.autograd.Function):
         # argument
         _, _, _, _, _, _, training, _, eps, act, alpha, _ = args
         with _below_autograd():
-            y, save_mean, save_var, new_mean, new_var = ops.batch_norm(*args)
+            y, save_mean, save_var, new_mean, new_var = _forward(*args)
             _update(args, new_mean, new_var)
         # x and the parameters through save_for_backward, so that modifying
         # them in place before the backward is an error; the statistics are ours.
@@ -148,7 +152,7 @@ class _Eager(torch.autograd.Function):
             dx, dweight, dbias, dside = ops.batch_norm_backward(*args)
         else:
             with _below_autograd():
-                dx, dweight, dbias, dside = ops.batch_norm_backward(*args)
+                dx, dweight, dbias, dside = _backward(*args)
         need = ctx.needs_input_grad
         return (dx if need[0] else None, dweight if need[1] else None,
                 dbias if need[2] else None, dside if need[3] else None, None)
