@@ -11,7 +11,8 @@ costs by itself, the best of 7 batches of calls, one thread:
 - Python autograd nodes that do no batch-norm work: one input and one
   output (as cheap as ``x.mul(1.0)``'s C++ node), and one with cfbn's
   arity (three differentiable inputs, four saved tensors, one output);
-- the whole module step, and ``nn.BatchNorm2d``'s beside it.
+- the whole module step on cfbn's path and ``nn.BatchNorm2d``'s beside it
+  (torch_overhead.py's ``cfbn path`` and ``nn``).
 
     python benchmarks/torch_glue.py [--threads 1]
 """
@@ -20,10 +21,10 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
 
 import cfbn.torch as ct
 from cfbn.torch import _checks, functional, ops
+from torch_overhead import calls
 
 
 def best_us(fn, n=1500, batches=7):
@@ -67,7 +68,7 @@ def pieces(shape):
     x = torch.randn(shape, generator=gen).requires_grad_()
     dy = torch.randn(shape, generator=gen)
     c = shape[1]
-    mod, ref = ct.BatchNorm2d(c), nn.BatchNorm2d(c)
+    mod = ct.BatchNorm2d(c)
     w, b = mod.weight, mod.bias
     wd, bd, xd = w.detach(), b.detach(), x.detach()
     rm, rv = torch.zeros(c), torch.ones(c)
@@ -96,18 +97,8 @@ def pieces(shape):
         clear(x, w, b)
         _Arity.apply(x, w, b, None, ()).backward(dy)
 
-    def mul_node():
-        clear(x)
-        x.mul(1.0).backward(dy)
-
-    def step():
-        clear(x, w, b)
-        mod(x).backward(dy)
-
-    def nn_step():
-        clear(x, ref.weight, ref.bias)
-        ref(x).backward(dy)
-
+    # the floor, cfbn's path and nn as torch_overhead.py times them
+    steps = calls(shape, compiled=False)
     return [
         ("operator cfbn::batch_norm, below autograd", op_forward),
         ("operator cfbn::batch_norm_backward, below autograd", op_backward),
@@ -116,11 +107,11 @@ def pieces(shape):
         ("tracing test (_traced)", lambda: functional._traced(x, w, b, None)),
         ("running-statistics copies", lambda: (rm.copy_(nm), rv.copy_(nv))),
         ("batch counter add_(1)", lambda: mod.num_batches_tracked.add_(1)),
-        ("x.mul(1.0) forward + backward (C++ node)", mul_node),
+        ("x.mul(1.0) forward + backward (C++ node)", steps["floor"]),
         ("Python node, 1 input, 1 output", one_node),
         ("Python node of cfbn's arity, clones for kernels", arity_node),
-        ("cfbn.torch.BatchNorm2d step, cfbn's path", step),
-        ("nn.BatchNorm2d step", nn_step),
+        ("cfbn.torch.BatchNorm2d step, cfbn's path", steps["cfbn path"]),
+        ("nn.BatchNorm2d step", steps["nn"]),
     ]
 
 
@@ -131,11 +122,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     shape = tuple(int(v) for v in args.shape.split("x"))
     torch.set_num_threads(args.threads)
-    old = ct.set_path("cfbn")
-    try:
-        rows = [(name, best_us(fn)) for name, fn in pieces(shape)]
-    finally:
-        ct.set_path(old)
+    rows = [(name, best_us(fn)) for name, fn in pieces(shape)]
     print("%s float32, %d thread(s), torch %s; best of 7 batches" %
           (shape, args.threads, torch.__version__))
     print("| piece | us |\n|---|---:|")

@@ -4,9 +4,10 @@ A block class is known by its exact type: torchvision's ResNet
 ``BasicBlock`` and ``Bottleneck`` and the ``ResNet`` itself (its stem; looked
 up only when torchvision is already imported), and any class declared with
 `register_block`.  Fusing a block gives some of its batch norms the
-activation of one of its activation modules and sets, on that instance only, a ``forward`` that calls them
-instead of the activation modules; its children, parameters, buffers,
-state_dict and hooks on the block itself stay as they were.
+activation of one of its activation modules and sets, on that instance
+only, a ``forward`` that calls them instead of the activation modules; its
+children, parameters, buffers, state_dict and hooks on the block itself
+stay as they were.
 """
 import collections
 import copy

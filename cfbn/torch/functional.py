@@ -80,15 +80,13 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     else:
         with _below_autograd():
             y, _, _, new_mean, new_var = ops.batch_norm(*args)
-    _update(args, new_mean, new_var)
+    _update(running_mean, running_var, training, new_mean, new_var)
     return y
 
 
-def _update(args, new_mean, new_var):
+def _update(running_mean, running_var, training, new_mean, new_var):
     """Write the operator's new running statistics into the caller's
-    (args: the operator's arguments; new_mean and new_var never require
-    grad, so there is no autograd to step around)."""
-    running_mean, running_var, training = args[3], args[4], args[6]
+    (new_mean and new_var never require grad: no autograd to step around)."""
     if training and running_mean is not None:
         running_mean.copy_(new_mean)
         running_var.copy_(new_var)
@@ -129,15 +127,17 @@ class _Eager(torch.autograd.Function):
         # the differentiable tensors, then the operator's arguments in one
         # tuple: apply() inspects each of its own arguments, at a cost per
         # argument
-        _, _, _, _, _, _, training, _, eps, act, alpha, _ = args
+        _, _, _, running_mean, running_var, _, training, _, eps, act, alpha, _ = args
         with _below_autograd():
             y, save_mean, save_var, new_mean, new_var = _forward(*args)
-            _update(args, new_mean, new_var)
+            _update(running_mean, running_var, training, new_mean, new_var)
         # x and the parameters through save_for_backward, so that modifying
         # them in place before the backward is an error; the statistics are ours.
         ctx.save_for_backward(x, weight, bias, side_input)
         ctx.stats = (save_mean, save_var)
         ctx.options = (training, eps, act, alpha)
+        # an undefined gradient (a consumer that returned None) stays None:
+        # no zero tensor is made for it and no backward computed
         ctx.set_materialize_grads(False)
         return y
 
